@@ -1,0 +1,597 @@
+// kdtree-engine: tree-verify MLA attention over SGLang's paged bf16 KV cache.
+//
+// Design (docs/kernel-notes.md has the reasoning and the measurements):
+// - All N x H query rows of a request share one latent KV head, so a CTA takes
+//   BM consecutive query rows of one request (row r = token r / H, head r % H;
+//   those rows are contiguous in q) and streams the request's keys through
+//   shared memory once for all of them.
+// - Split-KV: the key range (prefix + N drafts) of a request is cut into
+//   num_splits pieces of whole BN-key tiles, computed on the device from
+//   kv_indptr, so one long request fills the GPU and the grid does not depend
+//   on device values (CUDA-graph safe). A combine kernel merges the pieces by
+//   their log-sum-exp. With one split the main kernel writes bf16 output itself.
+// - Tensor cores through mma.sync m16n8k16 bf16 (sm_80+, so one source serves
+//   sm_90 and sm_120). 2*RG warps: warp (rg, kh) computes S for query rows
+//   rg*16.. and keys kh*BN/2.. over all 576 dims, S goes through shared memory,
+//   every warp then applies the online softmax to its 16 rows x BN keys and
+//   accumulates O for its 16 rows x 256 value columns (kh picks the half).
+// - Keys arrive by 16-byte cp.async gathers (one slot = 1152 contiguous bytes),
+//   double-buffered: tile i+1 loads while tile i computes. Slot ids are
+//   prefetched two tiles ahead into registers.
+// - The tree mask is read only for the last keys (the drafts): prefix tiles
+//   take no mask at all.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kdtree_verify.h"
+
+#ifndef KDTREE_ARCHS
+#define KDTREE_ARCHS "unknown"
+#endif
+
+namespace kdtree {
+
+constexpr int D = KDTREE_HEAD_DIM;        // 576
+constexpr int DV = KDTREE_V_DIM;          // 512
+constexpr int ROW_BYTES = D * 2;          // 1152
+constexpr int CHUNKS = ROW_BYTES / 16;    // 72 16-byte pieces per latent
+constexpr int SROW = ROW_BYTES + 16;      // padded smem row: ldmatrix rows hit distinct banks
+constexpr int BN = 32;                    // keys per tile
+constexpr int SPAD = BN + 8;              // S row stride (floats)
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
+
+struct Params {
+  const __nv_bfloat16* q;
+  int64_t q_st, q_sh;
+  const __nv_bfloat16* k_ext;
+  int64_t k_ext_st;
+  const __nv_bfloat16* kv;
+  int64_t kv_st, pool_size;
+  const int32_t* qo_indptr;
+  const int32_t* kv_indptr;
+  const void* kv_indices;
+  int kv_indices_64;
+  int64_t kv_indices_len;
+  const uint8_t* mask;
+  const int64_t* mask_indptr;
+  int64_t mask_len;
+  __nv_bfloat16* o;
+  int64_t o_st, o_sh;
+  float* lse;
+  float* o_part;     // [num_splits, T*H, 512]
+  float* lse_part;   // [num_splits, T*H]
+  int* err;
+  int bs, H, max_n, T, num_splits;
+  float scale_log2;
+};
+
+template <int RG>
+struct Cfg {
+  static constexpr int BM = RG * 16;
+  static constexpr int WARPS = RG * 2;
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int Q_BYTES = BM * SROW;
+  static constexpr int K_BYTES = BN * SROW;
+  static constexpr int S_BYTES = BM * SPAD * 4;
+  static constexpr int SMEM = Q_BYTES + 2 * K_BYTES + S_BYTES;
+  // Key-tile loader: THREADS / BN threads per key row.
+  static constexpr int TPR = THREADS / BN;
+  static_assert(THREADS % BN == 0, "loader needs whole threads per key row");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  int n = valid ? 16 : 0;  // 0 -> zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                        uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                          uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// D = A(16x16 bf16, row) * B(16x8 bf16, col) + D, fp32 accumulate.
+__device__ __forceinline__ void mma16816(float* d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ int64_t load_slot(const Params& p, int64_t i) {
+  return p.kv_indices_64 ? reinterpret_cast<const int64_t*>(p.kv_indices)[i]
+                         : static_cast<int64_t>(reinterpret_cast<const int32_t*>(p.kv_indices)[i]);
+}
+
+// Source of key position `pos` of a request (prefix slot, draft row, or none).
+struct KeySrc {
+  const __nv_bfloat16* ptr;
+  bool valid;
+};
+
+__device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, int N, int64_t kv_start,
+                                             int qo_start) {
+  KeySrc s{p.kv, false};
+  if (pos < L) {
+    int64_t slot = load_slot(p, kv_start + pos);
+    if (slot >= 0 && slot < p.pool_size) {
+      s.ptr = p.kv + slot * p.kv_st;
+      s.valid = true;
+    } else {
+      atomicOr(p.err, KDTREE_ERR_SLOT);
+    }
+  } else if (pos < L + N) {
+    s.ptr = p.k_ext + static_cast<int64_t>(qo_start + pos - L) * p.k_ext_st;
+    s.valid = true;
+  }
+  return s;
+}
+
+template <int RG>
+__global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const Params p) {
+  using C = Cfg<RG>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* q_s = smem;
+  unsigned char* k_s = smem + C::Q_BYTES;  // 2 stages
+  float* s_s = reinterpret_cast<float*>(smem + C::Q_BYTES + 2 * C::K_BYTES);
+
+  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rg = warp % RG, kh = warp / RG;
+  const int g = lane >> 2, tq = lane & 3;
+
+  // ---- request metadata (device values; validated, never trusted) ----
+  const int qo_start = p.qo_indptr[b], qo_end = p.qo_indptr[b + 1];
+  const int kv_lo = p.kv_indptr[b], kv_hi = p.kv_indptr[b + 1];
+  const int N = qo_end - qo_start;
+  if (qo_start < 0 || N < 0 || qo_end > p.T || N > p.max_n) {
+    if (tid == 0 && rt == 0 && split == 0) atomicOr(p.err, KDTREE_ERR_QO_INDPTR);
+    return;
+  }
+  if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len) {
+    if (tid == 0 && rt == 0 && split == 0) atomicOr(p.err, KDTREE_ERR_KV_INDPTR);
+    return;
+  }
+  const int rows = N * p.H;
+  const int r0 = rt * C::BM;
+  if (r0 >= rows) return;  // no such row tile for this request (combine skips it too)
+  const int L = kv_hi - kv_lo;
+  const int KV = L + N;
+  const int64_t mask_base = p.mask_indptr[b];
+  bool mask_ok = N == 0 || (mask_base >= 0 && mask_base + static_cast<int64_t>(N) * KV <= p.mask_len);
+  if (!mask_ok && tid == 0 && rt == 0 && split == 0) atomicOr(p.err, KDTREE_ERR_MASK);
+
+  const int ntiles = (KV + BN - 1) / BN;
+  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
+  const int t_begin = split * per;
+  const int t_end = min(ntiles, t_begin + per);
+
+  const int H = p.H;
+  const bool partial = p.num_splits > 1;
+  const int64_t grow0 = static_cast<int64_t>(qo_start) * H + r0;  // global row of row 0
+
+  if (t_begin >= t_end) {  // an empty split: mark its rows so combine ignores them
+    if (partial)
+      for (int r = tid; r < C::BM && r0 + r < rows; r += C::THREADS)
+        p.lse_part[static_cast<int64_t>(split) * p.T * H + grow0 + r] = -CUDART_INF_F;
+    return;
+  }
+
+  // ---- Q tile: BM rows x 72 chunks ----
+  for (int c = tid; c < C::BM * CHUNKS; c += C::THREADS) {
+    const int r = c / CHUNKS, ch = c % CHUNKS;
+    const int rr = r0 + r;
+    const bool ok = rr < rows;
+    const int tok = ok ? rr / H : 0, head = ok ? rr % H : 0;
+    const __nv_bfloat16* src = p.q + static_cast<int64_t>(qo_start + tok) * p.q_st +
+                               static_cast<int64_t>(head) * p.q_sh + ch * 8;
+    cp_async16(smem_u32(q_s + r * SROW + ch * 16), ok ? src : p.q, ok);
+  }
+
+  // ---- key loader: TPR threads per key row, each thread CHUNKS/TPR-ish pieces ----
+  const int lrow = tid / C::TPR, lsub = tid % C::TPR;
+  auto issue_tile = [&](int tile, int stage, KeySrc src) {
+    unsigned char* dst = k_s + stage * C::K_BYTES + lrow * SROW;
+    for (int ch = lsub; ch < CHUNKS; ch += C::TPR)
+      cp_async16(smem_u32(dst + ch * 16), src.valid ? src.ptr + ch * 8 : p.kv, src.valid);
+  };
+  KeySrc src_next = key_source(p, t_begin * BN + lrow, L, N, kv_lo, qo_start);
+  issue_tile(t_begin, 0, src_next);
+  cp_async_commit();
+  if (t_begin + 1 < t_end) src_next = key_source(p, (t_begin + 1) * BN + lrow, L, N, kv_lo, qo_start);
+
+  // ---- running state: O (16 rows x 256 cols per warp), row max / sum for rows g, g+8 ----
+  float acc[32][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float l_run[2] = {0.f, 0.f};
+
+  // rows of this thread inside the request, and their tokens (for the mask)
+  const int myrow0 = r0 + rg * 16 + g, myrow1 = myrow0 + 8;
+  const int tok0 = myrow0 < rows ? myrow0 / H : -1;
+  const int tok1 = myrow1 < rows ? myrow1 / H : -1;
+
+  const uint32_t q_base = smem_u32(q_s);
+  const uint32_t k_base = smem_u32(k_s);
+
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    const int stage = (tile - t_begin) & 1;
+    cp_async_wait_all();
+    __syncthreads();  // tile ready; everyone is done with the other stage and with s_s
+    if (tile + 1 < t_end) {
+      issue_tile(tile + 1, stage ^ 1, src_next);
+      cp_async_commit();
+      if (tile + 2 < t_end) src_next = key_source(p, (tile + 2) * BN + lrow, L, N, kv_lo, qo_start);
+    }
+    const uint32_t kst = k_base + stage * C::K_BYTES;
+
+    // ---- S = Q K^T for rows rg*16.., keys kh*16.. (two n8 tiles) over 576 dims ----
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    {
+      const uint32_t qa = q_base + (rg * 16 + (lane & 15)) * SROW + (lane >> 4) * 16;
+      const uint32_t kb =
+          kst + (kh * 16 + (lane & 7) + ((lane >> 4) << 3)) * SROW + ((lane >> 3) & 1) * 16;
+#pragma unroll 12
+      for (int k = 0; k < D / 16; ++k) {
+        uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
+        ldsm_x4(qa + k * 32, a0, a1, a2, a3);
+        ldsm_x4(kb + k * 32, b0, b1, b2, b3);
+        mma16816(s[0], a0, a1, a2, a3, b0, b1);
+        mma16816(s[1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+    // ---- scale, mask, publish S ----
+    {
+      const int kpos0 = tile * BN + kh * 16;
+      const bool needs_mask = tile * BN + BN > L;  // tile reaches the drafts (or past the end)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = kh * 16 + j * 8 + tq * 2 + (e & 1);
+          const int row = rg * 16 + g + (e >> 1) * 8;
+          float v = s[j][e] * p.scale_log2;
+          if (needs_mask) {
+            const int pos = kpos0 + j * 8 + tq * 2 + (e & 1);
+            const int tok = (e >> 1) ? tok1 : tok0;
+            if (pos >= KV) {
+              v = -CUDART_INF_F;
+            } else if (pos >= L && tok >= 0) {
+              bool vis = false;
+              if (mask_ok) vis = p.mask[mask_base + static_cast<int64_t>(tok) * KV + pos] != 0;
+              if (!vis) v = -CUDART_INF_F;
+            }
+          }
+          s_s[row * SPAD + col] = v;
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax over this tile for rows g, g+8 (all BN keys) ----
+    float sv[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 lo = *reinterpret_cast<const float2*>(&s_s[(rg * 16 + g) * SPAD + j * 8 + tq * 2]);
+      const float2 hi =
+          *reinterpret_cast<const float2*>(&s_s[(rg * 16 + g + 8) * SPAD + j * 8 + tq * 2]);
+      sv[j][0] = lo.x; sv[j][1] = lo.y; sv[j][2] = hi.x; sv[j][3] = hi.y;
+    }
+    float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(sv[j][0], sv[j][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(sv[j][2], sv[j][3]));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    float corr[2], msub[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      msub[h] = mx[h] == -CUDART_INF_F ? 0.f : mx[h];  // a row with nothing visible yet
+      corr[h] = exp2f(m_run[h] - msub[h]);             // exp2(-inf) = 0 on the first tile
+      m_run[h] = mx[h];
+    }
+    float rs[2] = {0.f, 0.f};
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = exp2f(sv[j][0] - msub[0]), p1 = exp2f(sv[j][1] - msub[0]);
+      const float p2 = exp2f(sv[j][2] - msub[1]), p3 = exp2f(sv[j][3] - msub[1]);
+      rs[0] += p0 + p1;
+      rs[1] += p2 + p3;
+      // C layout of n8 tile j -> A layout of k16 block j/2
+      pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    l_run[0] = l_run[0] * corr[0] + rs[0];
+    l_run[1] = l_run[1] * corr[1] + rs[1];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      acc[i][0] *= corr[0]; acc[i][1] *= corr[0];
+      acc[i][2] *= corr[1]; acc[i][3] *= corr[1];
+    }
+
+    // ---- O[16 x 256] += P[16 x BN] V[BN x 256] (columns kh*256..) ----
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t vb = kst + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SROW +
+                          (kh * 256 + (lane >> 4) * 8) * 2;
+#pragma unroll
+      for (int n2 = 0; n2 < 16; ++n2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(vb + n2 * 32, b0, b1, b2, b3);
+        mma16816(acc[2 * n2], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
+        mma16816(acc[2 * n2 + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
+      }
+    }
+  }
+
+  // ---- epilogue ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  float inv[2], lse_v[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    inv[h] = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+    lse_v[h] = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = h ? myrow1 : myrow0;
+    if (rr >= rows) continue;
+    const int tok = rr / H, head = rr % H;
+    const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
+    if (partial) {
+      float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + kh * 256 + tq * 2;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8) =
+            make_float2(acc[i][2 * h] * inv[h], acc[i][2 * h + 1] * inv[h]);
+      if (kh == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse_v[h];
+    } else {
+      __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
+                           static_cast<int64_t>(head) * p.o_sh + kh * 256 + tq * 2;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
+            __floats2bfloat162_rn(acc[i][2 * h] * inv[h], acc[i][2 * h + 1] * inv[h]);
+      if (p.lse && kh == 0 && tq == 0) p.lse[grow] = lse_v[h];
+    }
+  }
+}
+
+// Merge the splits of each query row: one CTA of 128 threads per row, 4 columns each.
+__global__ void __launch_bounds__(128) combine_kernel(const Params p) {
+  const int64_t grow = blockIdx.x;  // global row = token * H + head
+  const int H = p.H;
+  const int tok = static_cast<int>(grow / H), head = static_cast<int>(grow % H);
+  if (tok >= p.qo_indptr[p.bs]) return;  // a token no request owns
+  // the request owning tok (bs is small; a linear scan keeps this simple and exact)
+  int b = 0;
+  while (b + 1 < p.bs && p.qo_indptr[b + 1] <= tok) ++b;
+  const int N = p.qo_indptr[b + 1] - p.qo_indptr[b];
+  if (N < 0 || N > p.max_n) return;  // flagged by the main kernel
+  const int kv_lo = p.kv_indptr[b], kv_hi = p.kv_indptr[b + 1];
+  if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len) return;
+
+  const int64_t TH = static_cast<int64_t>(p.T) * H;
+  float mx = -CUDART_INF_F;
+  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
+  const int c = threadIdx.x * 4;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum = 0.f;
+  if (mx != -CUDART_INF_F) {
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float ls = p.lse_part[s * TH + grow];
+      if (ls == -CUDART_INF_F) continue;  // empty split: its O was never written
+      const float w = __expf(ls - mx);
+      sum += w;
+      const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
+      o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
+  reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
+  reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+  if (p.lse && threadIdx.x == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+}
+
+}  // namespace kdtree
+
+// ------------------------------------------------------------------ C ABI
+namespace {
+thread_local char g_err[512] = "";
+
+int fail(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+// Big tile (64 rows, 8 warps) where a block may take ~156 KB of shared memory
+// (sm_90), else 16 rows (2 warps, ~94 KB: sm_120's 99 KB limit).
+int pick_rg(int device, int* rg_out) {
+  int optin = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaDeviceGetAttribute: %s", cudaGetErrorString(e));
+  *rg_out = optin >= kdtree::Cfg<4>::SMEM ? 4 : 1;
+  return KDTREE_OK;
+}
+
+template <int RG>
+int launch(const kdtree::Params& p, cudaStream_t stream) {
+  using C = kdtree::Cfg<RG>;
+  static bool configured[64] = {false};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 64 && !configured[dev]) {
+    cudaError_t e = cudaFuncSetAttribute(kdtree::verify_attn_kernel<RG>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) {
+      cudaGetLastError();
+      return fail(KDTREE_ENOARCH, "no kernel image for this device in %s (built for %s)",
+                  "libkdtree_verify", KDTREE_ARCHS);
+    }
+    if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+    configured[dev] = true;
+  }
+  const int row_tiles = (p.max_n * p.H + C::BM - 1) / C::BM;
+  dim3 grid(row_tiles, p.num_splits, p.bs);
+  kdtree::verify_attn_kernel<RG><<<grid, C::THREADS, C::SMEM, stream>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+    return fail(KDTREE_ENOARCH, "no kernel image for this device (library built for %s)", KDTREE_ARCHS);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel launch: %s", cudaGetErrorString(e));
+  if (p.num_splits > 1) {
+    kdtree::combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.T) * p.H), 128, 0, stream>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
+  }
+  return KDTREE_OK;
+}
+}  // namespace
+
+extern "C" {
+
+int kdtree_abi_version(void) { return KDTREE_ABI_VERSION; }
+const char* kdtree_last_error(void) { return g_err; }
+const char* kdtree_build_info(void) { return KDTREE_ARCHS; }
+
+int kdtree_block_rows(int device) {
+  int rg = 0;
+  if (pick_rg(device, &rg) != KDTREE_OK) return -1;
+  return rg * 16;
+}
+
+int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
+  if (total_rows < 0 || num_splits < 1) return -1;
+  if (num_splits == 1) return kdtree::WS_HEADER;
+  const int64_t o = total_rows * num_splits * kdtree::DV * 4;
+  const int64_t l = total_rows * num_splits * 4;
+  return kdtree::WS_HEADER + o + ((l + 255) / 256) * 256;
+}
+
+int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
+  g_err[0] = '\0';
+  if (!a) return fail(KDTREE_EINVAL, "args is NULL");
+  if (a->abi_version != KDTREE_ABI_VERSION)
+    return fail(KDTREE_EINVAL, "abi_version %d, library speaks %d", a->abi_version, KDTREE_ABI_VERSION);
+  if (a->bs < 0) return fail(KDTREE_EINVAL, "bs must be >= 0, got %d", a->bs);
+  if (a->num_heads < 1 || a->num_heads > KDTREE_MAX_HEADS)
+    return fail(KDTREE_EINVAL, "num_heads must be in [1, %d], got %d", KDTREE_MAX_HEADS, a->num_heads);
+  if (a->max_n < 0 || a->max_n > KDTREE_MAX_DRAFTS)
+    return fail(KDTREE_EINVAL, "max_n must be in [0, %d], got %d", KDTREE_MAX_DRAFTS, a->max_n);
+  if (a->num_splits < 1 || a->num_splits > 65535)
+    return fail(KDTREE_EINVAL, "num_splits must be in [1, 65535], got %d", a->num_splits);
+  if (a->total_tokens < 0) return fail(KDTREE_EINVAL, "total_tokens must be >= 0");
+  if (!a->q || !a->k_ext || !a->kv || !a->qo_indptr || !a->kv_indptr || !a->kv_indices ||
+      !a->mask_indptr || !a->o || !a->workspace)
+    return fail(KDTREE_EINVAL, "a required pointer is NULL");
+  if (!a->mask && a->max_n > 0) return fail(KDTREE_EINVAL, "mask is NULL");
+  const int64_t need = kdtree_workspace_bytes(static_cast<int64_t>(a->total_tokens) * a->num_heads, a->num_splits);
+  if (a->workspace_bytes < need)
+    return fail(KDTREE_EINVAL, "workspace has %lld bytes, needs %lld", (long long)a->workspace_bytes,
+                (long long)need);
+  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  if (!aligned16(a->q) || !aligned16(a->k_ext) || !aligned16(a->kv) || !aligned16(a->o) ||
+      !aligned16(a->workspace))
+    return fail(KDTREE_EINVAL, "q, k_ext, kv, o and workspace must be 16-byte aligned");
+  if (a->q_stride_tok % 8 || a->q_stride_head % 8 || a->k_ext_stride_tok % 8 || a->kv_stride_slot % 8 ||
+      a->o_stride_tok % 8 || a->o_stride_head % 8)
+    return fail(KDTREE_EINVAL, "strides must be multiples of 8 elements (16 bytes)");
+
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaGetDevice: %s", cudaGetErrorString(e));
+  e = cudaMemsetAsync(a->workspace, 0, kdtree::WS_HEADER, stream);  // clears the error word
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaMemsetAsync: %s", cudaGetErrorString(e));
+  if (a->bs == 0 || a->total_tokens == 0 || a->max_n == 0) return KDTREE_OK;
+
+  kdtree::Params p{};
+  p.q = static_cast<const __nv_bfloat16*>(a->q);
+  p.q_st = a->q_stride_tok;
+  p.q_sh = a->q_stride_head;
+  p.k_ext = static_cast<const __nv_bfloat16*>(a->k_ext);
+  p.k_ext_st = a->k_ext_stride_tok;
+  p.kv = static_cast<const __nv_bfloat16*>(a->kv);
+  p.kv_st = a->kv_stride_slot;
+  p.pool_size = a->pool_size;
+  p.qo_indptr = a->qo_indptr;
+  p.kv_indptr = a->kv_indptr;
+  p.kv_indices = a->kv_indices;
+  p.kv_indices_64 = a->kv_indices_is_64;
+  p.kv_indices_len = a->kv_indices_len;
+  p.mask = a->mask;
+  p.mask_indptr = a->mask_indptr;
+  p.mask_len = a->mask_len;
+  p.o = static_cast<__nv_bfloat16*>(a->o);
+  p.o_st = a->o_stride_tok;
+  p.o_sh = a->o_stride_head;
+  p.lse = a->lse;
+  unsigned char* ws = static_cast<unsigned char*>(a->workspace);
+  p.err = reinterpret_cast<int*>(ws);
+  const int64_t rows = static_cast<int64_t>(a->total_tokens) * a->num_heads;
+  p.o_part = reinterpret_cast<float*>(ws + kdtree::WS_HEADER);
+  p.lse_part = p.o_part + rows * a->num_splits * kdtree::DV;
+  p.bs = a->bs;
+  p.H = a->num_heads;
+  p.max_n = a->max_n;
+  p.T = a->total_tokens;
+  p.num_splits = a->num_splits;
+  p.scale_log2 = a->sm_scale * kdtree::LOG2E;
+
+  int rg = 0;
+  int rc = pick_rg(dev, &rg);
+  if (rc != KDTREE_OK) return rc;
+  return rg == 4 ? launch<4>(p, stream) : launch<1>(p, stream);
+}
+
+int kdtree_read_device_error(const void* workspace, void* stream_, int32_t* bits) {
+  if (!workspace || !bits) return fail(KDTREE_EINVAL, "workspace and bits must not be NULL");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cudaError_t e = cudaMemcpyAsync(bits, workspace, sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "reading the device error word: %s", cudaGetErrorString(e));
+  return KDTREE_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,241 @@
+"""Evidence records: what one gate proved, on which code, on which machine.
+
+A gate ends by calling :func:`make_record` and :func:`write_record`. The record
+is plain JSON so that a gate run on a remote GPU host can be carried back and
+recorded here (``invoke phaseN --evidence DIR``). The content hash of ``src/``
+and ``csrc/`` ties a record to the code it ran on: a record whose hash differs
+from the code being committed is refused by the pipeline.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+HASHED_DIRS = ("src", "csrc")
+_SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
+_SKIP_SUFFIXES = (".pyc", ".pyo")
+REQUIRED_KEYS = ("schema", "gate", "passed", "headline", "metrics", "device", "versions", "code", "time_utc")
+
+
+class EvidenceError(ValueError):
+    """An evidence file is missing, unreadable, truncated or malformed."""
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The project root: ``$KDTREE_ROOT``, else the nearest folder above ``start``
+    (default: the working directory) holding both ``csrc/`` and ``src/kdtree_engine``."""
+    env = os.environ.get("KDTREE_ROOT")
+    if env:
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    for cand in (here, *here.parents):
+        if (cand / "csrc").is_dir() and (cand / "src" / "kdtree_engine").is_dir():
+            return cand
+    # Fall back to the checkout this module lives in (editable installs).
+    pkg_root = Path(__file__).resolve().parents[3]
+    if (pkg_root / "src" / "kdtree_engine").is_dir():
+        return pkg_root
+    raise EvidenceError(
+        f"cannot find the kdtree-engine project root above {here} "
+        "(a folder with csrc/ and src/kdtree_engine/); set KDTREE_ROOT"
+    )
+
+
+def _hashed_files(root: Path) -> list[Path]:
+    files = []
+    for top in HASHED_DIRS:
+        base = root / top
+        if not base.is_dir():
+            continue
+        for p in base.rglob("*"):
+            rel = p.relative_to(root)
+            if not p.is_file() or p.is_symlink():
+                continue
+            if _SKIP_PARTS.intersection(rel.parts) or p.name.endswith(_SKIP_SUFFIXES):
+                continue
+            if any(part.endswith(".egg-info") for part in rel.parts):
+                continue
+            files.append(p)
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def content_hash(root: Path | None = None) -> str:
+    """sha256 over (path, bytes) of every source file under src/ and csrc/.
+
+    Computed from the files on disk, not from git, so that it is the same on a
+    GPU host that received a copy of the working tree without ``.git``.
+    """
+    root = root or repo_root()
+    h = hashlib.sha256()
+    for p in _hashed_files(root):
+        rel = p.relative_to(root).as_posix().encode()
+        data = p.read_bytes()
+        h.update(len(rel).to_bytes(4, "little") + rel)
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def git_commit(root: Path | None = None) -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether src/ or csrc/ differ from it); ``$KDTREE_GIT_COMMIT``
+    wins (a GPU host receives the tree without ``.git``; pass the commit along)."""
+    env = os.environ.get("KDTREE_GIT_COMMIT")
+    if env:
+        return env, None
+    root = root or repo_root()
+    try:
+        import git  # GitPython
+
+        repo = git.Repo(root, search_parent_directories=False)
+        commit = repo.head.commit.hexsha
+        dirty = repo.is_dirty(untracked_files=True, path=list(HASHED_DIRS))
+        return commit, dirty
+    except Exception:  # no git, not a repository, no commit yet
+        return None, None
+
+
+def _version(mod: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(mod)
+    except Exception:
+        return None
+
+
+def nvcc_version() -> str | None:
+    try:
+        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.stdout.splitlines():
+        if "release" in line:
+            return line.split("release", 1)[1].strip().split(",")[0]
+    return None
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of what a gate's result depends on."""
+    torch_v = cuda_v = None
+    try:
+        import torch
+
+        torch_v = torch.__version__
+        cuda_v = torch.version.cuda
+    except Exception:
+        pass
+    return {
+        "python": platform.python_version(),
+        "torch": torch_v,
+        "cuda": cuda_v,
+        "triton": _version("triton"),
+        "sglang": _version("sglang"),
+        "nvcc": nvcc_version(),
+    }
+
+
+def device_info() -> dict[str, Any] | None:
+    """The CUDA device a gate ran on, or None on a machine without one."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        i = torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(i)
+        return {
+            "name": p.name,
+            "capability": f"{p.major}.{p.minor}",
+            "sm_count": p.multi_processor_count,
+            "memory_gib": round(p.total_memory / 2**30, 1),
+        }
+    except Exception:
+        return None
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def make_record(
+    gate: str,
+    passed: bool,
+    metrics: dict[str, Any],
+    headline: str,
+    *,
+    reason: str | None = None,
+    details: dict[str, Any] | None = None,
+    device: dict[str, Any] | None | str = "auto",
+    root: Path | None = None,
+) -> dict[str, Any]:
+    """Build an evidence record. ``headline`` is the one-line figure the plan
+    shows; ``reason`` says why a failed gate failed; ``details`` holds the bulk
+    (per-case results) and stays out of the plan."""
+    root = root or repo_root()
+    commit, dirty = git_commit(root)
+    return {
+        "schema": SCHEMA,
+        "gate": gate,
+        "passed": bool(passed),
+        "reason": reason,
+        "headline": headline,
+        "metrics": metrics,
+        "details": details or {},
+        "device": device_info() if device == "auto" else device,
+        "versions": versions(),
+        "code": {"commit": commit, "dirty": dirty, "content_hash": content_hash(root)},
+        "host": platform.node(),
+        "time_utc": now_utc(),
+    }
+
+
+def evidence_dir(directory: Path | str | None = None) -> Path:
+    if directory is not None:
+        return Path(directory)
+    env = os.environ.get("KDTREE_EVIDENCE_DIR")
+    return Path(env) if env else repo_root() / "build" / "evidence"
+
+
+def write_record(record: dict[str, Any], directory: Path | str | None = None) -> Path:
+    """Write ``<dir>/<gate>.json`` atomically and return its path."""
+    d = evidence_dir(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{record['gate']}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_record(path: Path | str) -> dict[str, Any]:
+    """Read and validate one evidence file; raise :class:`EvidenceError` with the
+    file name and what is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise EvidenceError(f"evidence file {path}: cannot read ({e.strerror or e})") from None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise EvidenceError(f"evidence file {path}: not valid JSON (truncated or corrupt?): {e}") from None
+    if not isinstance(rec, dict):
+        raise EvidenceError(f"evidence file {path}: expected a JSON object, got {type(rec).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in rec]
+    if missing:
+        raise EvidenceError(f"evidence file {path}: missing keys {missing}")
+    if rec["schema"] != SCHEMA:
+        raise EvidenceError(f"evidence file {path}: schema {rec['schema']!r}, expected {SCHEMA}")
+    code = rec["code"]
+    if not isinstance(code, dict) or not code.get("content_hash"):
+        raise EvidenceError(f"evidence file {path}: no code.content_hash")
+    if not isinstance(rec["passed"], bool):
+        raise EvidenceError(f"evidence file {path}: 'passed' must be true or false")
+    return rec
