@@ -95,7 +95,7 @@ def git_commit(root: Path | None = None) -> tuple[str | None, bool | None]:
 
         repo = git.Repo(root, search_parent_directories=False)
         commit = repo.head.commit.hexsha
-        dirty = repo.is_dirty(untracked_files=True, path=list(HASHED_DIRS))
+        dirty = any(repo.is_dirty(untracked_files=True, path=d) for d in HASHED_DIRS)
         return commit, dirty
     except Exception:  # no git, not a repository, no commit yet
         return None, None
@@ -171,18 +171,22 @@ def make_record(
     headline: str,
     *,
     reason: str | None = None,
+    variant: str | None = None,
     details: dict[str, Any] | None = None,
     device: dict[str, Any] | None | str = "auto",
     root: Path | None = None,
 ) -> dict[str, Any]:
     """Build an evidence record. ``headline`` is the one-line figure the plan
     shows; ``reason`` says why a failed gate failed; ``details`` holds the bulk
-    (per-case results) and stays out of the plan."""
+    (per-case results) and stays out of the plan. ``variant`` names one of
+    several configurations of a gate (the bench gate's suite: ``micro``,
+    ``long-context``); the file is then ``<gate>-<variant>.json``."""
     root = root or repo_root()
     commit, dirty = git_commit(root)
     return {
         "schema": SCHEMA,
         "gate": gate,
+        "variant": variant,
         "passed": bool(passed),
         "reason": reason,
         "headline": headline,
@@ -203,11 +207,16 @@ def evidence_dir(directory: Path | str | None = None) -> Path:
     return Path(env) if env else repo_root() / "build" / "evidence"
 
 
+def record_name(gate: str, variant: str | None = None) -> str:
+    """``oracle`` -> ``oracle``; (``bench``, ``micro``) -> ``bench-micro``: the evidence file stem."""
+    return f"{gate}-{variant}" if variant else gate
+
+
 def write_record(record: dict[str, Any], directory: Path | str | None = None) -> Path:
-    """Write ``<dir>/<gate>.json`` atomically and return its path."""
+    """Write ``<dir>/<gate>[-<variant>].json`` atomically and return its path."""
     d = evidence_dir(directory)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{record['gate']}.json"
+    path = d / f"{record_name(record['gate'], record.get('variant'))}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     os.replace(tmp, path)

@@ -1,0 +1,147 @@
+"""ctypes binding of the kernel library's C ABI (csrc/kdtree_verify.h).
+
+The library is built by the ``build`` gate (:mod:`kdtree_engine.kernel.build`)
+with a static CUDA runtime, so it loads through ctypes in any Python that has a
+CUDA driver. ``KDTREE_LIB`` points at another build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+ABI_VERSION = 1
+LIB_NAME = "libkdtree_verify.so"
+
+OK, EINVAL, ECUDA, ENOARCH = 0, 1, 2, 3
+ERR_BITS = {
+    1: "a slot id in kv_indices is outside the KV pool",
+    2: "kv_indptr is not monotone or runs past kv_indices",
+    4: "qo_indptr is not monotone, runs past the token count, or a request has more drafts than max_n",
+    8: "a request's mask rows run past the end of custom_mask (mask_indptr or prefix lengths wrong)",
+}
+
+
+class KernelLibraryError(RuntimeError):
+    """The kernel library is missing, fails to load, or speaks another ABI."""
+
+
+class KdtreeVerifyArgs(ctypes.Structure):
+    _fields_ = [
+        ("abi_version", ctypes.c_int32),
+        ("q", ctypes.c_void_p),
+        ("q_stride_tok", ctypes.c_int64),
+        ("q_stride_head", ctypes.c_int64),
+        ("k_ext", ctypes.c_void_p),
+        ("k_ext_stride_tok", ctypes.c_int64),
+        ("kv", ctypes.c_void_p),
+        ("kv_stride_slot", ctypes.c_int64),
+        ("pool_size", ctypes.c_int64),
+        ("qo_indptr", ctypes.c_void_p),
+        ("kv_indptr", ctypes.c_void_p),
+        ("kv_indices", ctypes.c_void_p),
+        ("kv_indices_is_64", ctypes.c_int32),
+        ("kv_indices_len", ctypes.c_int64),
+        ("mask", ctypes.c_void_p),
+        ("mask_indptr", ctypes.c_void_p),
+        ("mask_len", ctypes.c_int64),
+        ("o", ctypes.c_void_p),
+        ("o_stride_tok", ctypes.c_int64),
+        ("o_stride_head", ctypes.c_int64),
+        ("lse", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_int64),
+        ("bs", ctypes.c_int32),
+        ("num_heads", ctypes.c_int32),
+        ("max_n", ctypes.c_int32),
+        ("total_tokens", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),
+        ("sm_scale", ctypes.c_float),
+    ]
+
+
+def default_library_path() -> Path:
+    env = os.environ.get("KDTREE_LIB")
+    if env:
+        return Path(env)
+    from kdtree_engine.kernel.build import default_out_dir
+
+    return default_out_dir() / LIB_NAME
+
+
+class Library:
+    """The loaded shared library with typed entry points."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise KernelLibraryError(
+                f"kernel library {self.path} does not exist; build it with `nox -s build` "
+                "(or `python -m kdtree_engine build`), or point KDTREE_LIB at a build"
+            )
+        try:
+            lib = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise KernelLibraryError(f"cannot load kernel library {self.path}: {e}") from None
+        lib.kdtree_abi_version.restype = ctypes.c_int
+        lib.kdtree_last_error.restype = ctypes.c_char_p
+        lib.kdtree_build_info.restype = ctypes.c_char_p
+        lib.kdtree_block_rows.argtypes = [ctypes.c_int]
+        lib.kdtree_block_rows.restype = ctypes.c_int
+        lib.kdtree_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int32]
+        lib.kdtree_workspace_bytes.restype = ctypes.c_int64
+        lib.kdtree_verify_attn.argtypes = [ctypes.POINTER(KdtreeVerifyArgs), ctypes.c_void_p]
+        lib.kdtree_verify_attn.restype = ctypes.c_int
+        lib.kdtree_read_device_error.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
+        lib.kdtree_read_device_error.restype = ctypes.c_int
+        abi = lib.kdtree_abi_version()
+        if abi != ABI_VERSION:
+            raise KernelLibraryError(
+                f"kernel library {self.path} speaks ABI {abi}, this binding speaks {ABI_VERSION}; rebuild it"
+            )
+        self._lib = lib
+        self.archs = lib.kdtree_build_info().decode()
+        self._block_rows: dict[int, int] = {}
+
+    def last_error(self) -> str:
+        return (self._lib.kdtree_last_error() or b"").decode()
+
+    def block_rows(self, device: int) -> int:
+        if device not in self._block_rows:
+            v = self._lib.kdtree_block_rows(device)
+            if v <= 0:
+                raise KernelLibraryError(f"kdtree_block_rows({device}) failed: {self.last_error()}")
+            self._block_rows[device] = v
+        return self._block_rows[device]
+
+    def workspace_bytes(self, total_rows: int, num_splits: int) -> int:
+        return int(self._lib.kdtree_workspace_bytes(total_rows, num_splits))
+
+    def verify_attn(self, args: KdtreeVerifyArgs, stream: int) -> int:
+        return int(self._lib.kdtree_verify_attn(ctypes.byref(args), ctypes.c_void_p(stream)))
+
+    def read_device_error(self, workspace_ptr: int, stream: int) -> int:
+        bits = ctypes.c_int32(0)
+        rc = self._lib.kdtree_read_device_error(ctypes.c_void_p(workspace_ptr), ctypes.c_void_p(stream), ctypes.byref(bits))
+        if rc != OK:
+            raise RuntimeError(f"kdtree: {self.last_error()}")
+        return bits.value
+
+
+_lock = threading.Lock()
+_cache: dict[Path, Library] = {}
+
+
+def load(path: Path | str | None = None) -> Library:
+    """Load (once per path) and return the kernel library."""
+    p = Path(path) if path is not None else default_library_path()
+    with _lock:
+        if p not in _cache:
+            _cache[p] = Library(p)
+        return _cache[p]
+
+
+def describe_device_error(bits: int) -> str:
+    return "; ".join(msg for bit, msg in ERR_BITS.items() if bits & bit) or f"unknown bits {bits:#x}"

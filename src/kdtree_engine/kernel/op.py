@@ -1,0 +1,412 @@
+"""The verify-attention op: argument checks, workspace, launch, torch custom op.
+
+Public entry point: :func:`verify_attention`. It checks every argument that
+can be checked without reading device memory (dtype, shape, device, strides,
+alignment, limits, lengths), raises :class:`VerifyArgumentError` naming the
+argument before anything is launched, and then calls the kernel library on
+``torch.cuda.current_stream()``. No host synchronisation and no host read of
+tensor values happen on this path, so the call can be captured in a CUDA graph.
+
+Slot ids, indptr contents and mask extents live on the device. The kernel
+never reads outside the tensors it is given; it records violations in an
+error word. With ``KDTREE_DEBUG=1`` the op also checks those values on the host
+before the launch and reads the error word after it (both synchronise), and
+raises on any violation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+HEAD_DIM = 576
+V_DIM = 512
+MAX_HEADS = 128
+MAX_DRAFTS = 128
+
+#: ``torch.library`` name of the op (one op under ``torch.compile`` and graph capture).
+OP_NAME = "kdtree::verify_attention"
+
+
+class VerifyArgumentError(ValueError):
+    """An argument of :func:`verify_attention` is wrong; the message names it."""
+
+
+def _err(arg: str, expected: str, got: object) -> VerifyArgumentError:
+    return VerifyArgumentError(f"verify_attention: argument '{arg}': expected {expected}, got {got}")
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("KDTREE_DEBUG", "").lower() in ("1", "on", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the checks learned about a call (all host-side facts)."""
+
+    bs: int
+    total_tokens: int
+    num_heads: int
+    max_n: int
+    pool_size: int
+
+
+def _check_dtype(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _err(name, "a torch.Tensor", type(t).__name__)
+    if t.dtype not in dtypes:
+        raise _err(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
+
+
+def _latent_rows(name: str, t: torch.Tensor) -> tuple[int, int]:
+    """[R, 1, 576] or [R, 576] -> (R, row stride in elements)."""
+    if t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == HEAD_DIM:
+        return t.shape[0], t.stride(0)
+    if t.dim() == 2 and t.shape[1] == HEAD_DIM:
+        return t.shape[0], t.stride(0)
+    raise _err(name, f"shape [rows, 1, {HEAD_DIM}] or [rows, {HEAD_DIM}]", list(t.shape))
+
+
+def _check_rows(name: str, t: torch.Tensor, row_strides: Sequence[int]) -> None:
+    """Last dim contiguous, 16-byte aligned rows (the kernel moves 16 bytes at a time)."""
+    if t.stride(-1) != 1:
+        raise _err(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
+    if t.numel() and t.data_ptr() % 16:
+        raise _err(name, "a 16-byte aligned data pointer", f"address {t.data_ptr():#x}")
+    for s in row_strides:
+        if s % 8:
+            raise _err(name, "row strides that are multiples of 8 elements (16 bytes)", list(t.stride()))
+
+
+def _check_index(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], length: int | None) -> None:
+    _check_dtype(name, t, dtypes)
+    if t.dim() != 1:
+        raise _err(name, "a 1-D tensor", f"shape {list(t.shape)}")
+    if length is not None and t.numel() != length:
+        raise _err(name, f"{length} elements (batch size + 1)", t.numel())
+    if not t.is_contiguous():
+        raise _err(name, "a contiguous tensor", f"strides {list(t.stride())}")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do two tensors of one storage span common bytes? (distinct storages never alias)"""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (x0, x1), (y0, y1) = _span(a), _span(b)
+    return x0 < y1 and y0 < x1
+
+
+def check_arguments(
+    q: torch.Tensor,
+    k_ext: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    sm_scale: float,
+    max_n: int,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    prefix_lens_cpu: Sequence[int] | torch.Tensor | None = None,
+    require_cuda: bool = True,
+) -> Shapes:
+    """Every check that needs no device read; raises :class:`VerifyArgumentError`."""
+    _check_dtype("q", q, (torch.bfloat16,))
+    if q.dim() != 3 or q.shape[2] != HEAD_DIM:
+        raise _err("q", f"shape [tokens, heads, {HEAD_DIM}]", list(q.shape))
+    T, H = q.shape[0], q.shape[1]
+    if not 1 <= H <= MAX_HEADS:
+        raise _err("q", f"1..{MAX_HEADS} heads (q.shape[1])", H)
+    _check_rows("q", q, (q.stride(0), q.stride(1)))
+
+    _check_dtype("k_ext", k_ext, (torch.bfloat16,))
+    rows, k_st = _latent_rows("k_ext", k_ext)
+    if rows != T:
+        raise _err("k_ext", f"{T} rows (one latent per draft token, as q.shape[0])", rows)
+    _check_rows("k_ext", k_ext, (k_st,))
+
+    _check_dtype("kv_buffer", kv_buffer, (torch.bfloat16,))
+    pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
+    if pool < 1:
+        raise _err("kv_buffer", "at least one slot (slot 0 is the padding slot)", pool)
+    _check_rows("kv_buffer", kv_buffer, (kv_st,))
+
+    _check_dtype("qo_indptr", qo_indptr, (torch.int32,))
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
+        raise _err("qo_indptr", "a 1-D tensor of batch size + 1 >= 1 elements", list(qo_indptr.shape))
+    bs = qo_indptr.numel() - 1
+    _check_index("qo_indptr", qo_indptr, (torch.int32,), bs + 1)
+    _check_index("kv_indptr", kv_indptr, (torch.int32,), bs + 1)
+    _check_index("kv_indices", kv_indices, (torch.int64, torch.int32), None)
+    _check_index("custom_mask", custom_mask, (torch.bool, torch.uint8), None)
+    _check_index("mask_indptr", mask_indptr, (torch.int64,), bs + 1)
+
+    if isinstance(max_n, bool) or not isinstance(max_n, int):
+        raise _err("max_n", "a Python int (drafts per request, SGLang's max_extend_len)", type(max_n).__name__)
+    if not 0 <= max_n <= MAX_DRAFTS:
+        raise _err("max_n", f"0..{MAX_DRAFTS} drafts per request", max_n)
+    if T > bs * max_n:
+        raise _err("max_n", f"at least q.shape[0] / batch = {T}/{bs} drafts per request", max_n)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise _err("sm_scale", "a finite float", sm_scale)
+
+    if prefix_lens_cpu is not None:
+        lens = [int(x) for x in (prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else prefix_lens_cpu)]
+        if len(lens) != bs:
+            raise _err("prefix_lens_cpu", f"{bs} prefix lengths (one per request)", len(lens))
+        if any(x < 0 for x in lens):
+            raise _err("prefix_lens_cpu", "non-negative prefix lengths", lens)
+        if kv_indices.numel() < sum(lens):
+            raise _err("kv_indices", f">= {sum(lens)} slot ids (the sum of prefix lengths)", kv_indices.numel())
+        if T == bs * max_n:  # every request has exactly max_n drafts: the mask length is known
+            need = sum(max_n * (L + max_n) for L in lens)
+            if custom_mask.numel() < need:
+                raise _err(
+                    "custom_mask",
+                    f">= {need} entries (sum over requests of N x (prefix + N), N = {max_n})",
+                    custom_mask.numel(),
+                )
+
+    if out is not None:
+        _check_dtype("out", out, (torch.bfloat16,))
+        if list(out.shape) != [T, H, V_DIM]:
+            raise _err("out", f"shape [{T}, {H}, {V_DIM}]", list(out.shape))
+        _check_rows("out", out, (out.stride(0), out.stride(1)))
+        for name, t in (("q", q), ("k_ext", k_ext), ("kv_buffer", kv_buffer)):
+            if _overlaps(out, t):
+                raise _err("out", f"memory that does not overlap '{name}'", "an overlapping view")
+    if lse is not None:
+        _check_dtype("lse", lse, (torch.float32,))
+        if list(lse.shape) != [T, H] or not lse.is_contiguous():
+            raise _err("lse", f"a contiguous tensor of shape [{T}, {H}]", f"{list(lse.shape)} strides {list(lse.stride())}")
+
+    if require_cuda:
+        named = [("q", q), ("k_ext", k_ext), ("kv_buffer", kv_buffer), ("qo_indptr", qo_indptr),
+                 ("kv_indptr", kv_indptr), ("kv_indices", kv_indices), ("custom_mask", custom_mask),
+                 ("mask_indptr", mask_indptr)]
+        if out is not None:
+            named.append(("out", out))
+        if lse is not None:
+            named.append(("lse", lse))
+        if q.device.type != "cuda":
+            raise _err("q", "a CUDA tensor", q.device)
+        for name, t in named:
+            if t.device != q.device:
+                raise _err(name, f"a tensor on {q.device} (where q is)", t.device)
+    return Shapes(bs=bs, total_tokens=T, num_heads=H, max_n=max_n, pool_size=pool)
+
+
+def choose_num_splits(
+    bs: int, max_n: int, num_heads: int, sm_count: int, block_rows: int, max_prefix_len: int | None = None
+) -> int:
+    """Split the key range so that about one wave of CTAs fills the GPU.
+
+    ``max_prefix_len`` (a host-side hint, e.g. from SGLang's seq_lens_cpu)
+    keeps at least 4 key tiles (128 keys) per split for short prefixes, where
+    more splits would only add combine traffic.
+    """
+    row_tiles = max(1, -(-max_n * num_heads // block_rows))
+    ctas = max(1, bs * row_tiles)
+    if ctas >= sm_count:
+        return 1
+    splits = -(-sm_count // ctas)
+    if max_prefix_len is not None:
+        tiles = -(-(max_prefix_len + max_n) // 32)
+        splits = min(splits, max(1, tiles // 4))
+    return max(1, min(splits, 256))
+
+
+class _Workspaces:
+    """One workspace per device, grown by doubling and never freed while the
+    process runs (a captured graph keeps the address it saw)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cur: dict[int, torch.Tensor] = {}
+        self._keep: list[torch.Tensor] = []
+
+    def get(self, device: torch.device, nbytes: int) -> torch.Tensor:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            ws = self._cur.get(idx)
+            if ws is None or ws.numel() < nbytes:
+                if torch.cuda.is_current_stream_capturing():
+                    have = 0 if ws is None else ws.numel()
+                    raise VerifyArgumentError(
+                        f"verify_attention: the workspace ({have} bytes) is too small for this call "
+                        f"({nbytes} bytes) during CUDA-graph capture; run the largest shape once "
+                        "eagerly before capturing, or pass workspace="
+                    )
+                size = max(nbytes, 2 * (0 if ws is None else ws.numel()), 1 << 20)
+                ws = torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", idx))
+                self._cur[idx] = ws
+                self._keep.append(ws)
+            return ws
+
+
+_workspaces = _Workspaces()
+
+
+def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool: int, max_n: int) -> None:
+    """KDTREE_DEBUG=1: check device values on the host (synchronises)."""
+    qo = qo_indptr.tolist()
+    kv = kv_indptr.tolist()
+    mi = mask_indptr.tolist()
+    T = q.shape[0]
+    for b in range(len(qo) - 1):
+        n = qo[b + 1] - qo[b]
+        if qo[b] < 0 or n < 0 or qo[b + 1] > T or n > max_n:
+            raise _err("qo_indptr", f"monotone values within [0, {T}] and at most max_n={max_n} apart", qo)
+        L = kv[b + 1] - kv[b]
+        if kv[b] < 0 or L < 0 or kv[b + 1] > kv_indices.numel():
+            raise _err("kv_indptr", f"monotone values within [0, {kv_indices.numel()}]", kv)
+        if n and (mi[b] < 0 or mi[b] + n * (L + n) > custom_mask.numel()):
+            raise _err("custom_mask", f"request {b}'s {n}x{L + n} mask rows inside its {custom_mask.numel()} entries "
+                       f"(mask_indptr[{b}]={mi[b]})", "rows past the end")
+        if L:
+            sl = kv_indices[kv[b] : kv[b + 1]]
+            lo, hi = int(sl.min()), int(sl.max())
+            if lo < 0 or hi >= pool:
+                raise _err("kv_indices", f"slot ids in [0, {pool}) for request {b}", f"range [{lo}, {hi}]")
+
+
+def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+            out, lse, workspace, sm_scale: float, max_n: int, num_splits: int) -> None:
+    from kdtree_engine.kernel import library
+
+    lib = library.load()
+    T, H = q.shape[0], q.shape[1]
+    _, k_st = _latent_rows("k_ext", k_ext)
+    pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
+    a = library.KdtreeVerifyArgs()
+    a.abi_version = library.ABI_VERSION
+    a.q, a.q_stride_tok, a.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
+    a.k_ext, a.k_ext_stride_tok = k_ext.data_ptr(), k_st
+    a.kv, a.kv_stride_slot, a.pool_size = kv_buffer.data_ptr(), kv_st, pool
+    a.qo_indptr, a.kv_indptr = qo_indptr.data_ptr(), kv_indptr.data_ptr()
+    a.kv_indices, a.kv_indices_is_64 = kv_indices.data_ptr(), int(kv_indices.dtype == torch.int64)
+    a.kv_indices_len = kv_indices.numel()
+    a.mask, a.mask_indptr, a.mask_len = custom_mask.data_ptr(), mask_indptr.data_ptr(), custom_mask.numel()
+    a.o, a.o_stride_tok, a.o_stride_head = out.data_ptr(), out.stride(0), out.stride(1)
+    a.lse = lse.data_ptr() if lse is not None else None
+    a.workspace, a.workspace_bytes = workspace.data_ptr(), workspace.numel()
+    a.bs, a.num_heads, a.max_n, a.total_tokens = qo_indptr.numel() - 1, H, max_n, T
+    a.num_splits, a.sm_scale = num_splits, float(sm_scale)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    rc = lib.verify_attn(a, stream)
+    if rc != library.OK:
+        raise RuntimeError(f"kdtree verify kernel failed (code {rc}): {lib.last_error()}")
+    if debug_enabled() and not torch.cuda.is_current_stream_capturing():
+        bits = lib.read_device_error(workspace.data_ptr(), stream)
+        if bits:
+            raise RuntimeError(f"kdtree verify kernel flagged bad device values: {library.describe_device_error(bits)}")
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=("out", "lse", "workspace"), device_types="cuda")
+def _verify_attention_op(
+    q: torch.Tensor,
+    k_ext: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    workspace: torch.Tensor,
+    sm_scale: float,
+    max_n: int,
+    num_splits: int,
+) -> None:
+    _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+            out, lse, workspace, sm_scale, max_n, num_splits)
+
+
+@_verify_attention_op.register_fake
+def _(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+      out, lse, workspace, sm_scale, max_n, num_splits) -> None:
+    return None
+
+
+def verify_attention(
+    q: torch.Tensor,
+    k_ext: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    sm_scale: float,
+    max_n: int,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    return_lse: bool = False,
+    num_splits: int | None = None,
+    max_prefix_len: int | None = None,
+    prefix_lens_cpu: Sequence[int] | torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+):
+    """Tree-verify MLA attention (DESIGN section 4).
+
+    q [T, H, 576] bf16; k_ext [T, 1, 576] (or [T, 576]) bf16, the drafts' own
+    latents; kv_buffer [P, 1, 576] (or [P, 576]) bf16, the paged pool;
+    qo_indptr, kv_indptr int32 [bs + 1]; kv_indices int64 or int32;
+    custom_mask bool or uint8, SGLang FULL_MASK; mask_indptr int64 [bs + 1];
+    max_n: the most drafts any request has (a Python int).
+
+    Returns out [T, H, 512] bf16 (and lse [T, H] fp32, natural log, with
+    ``return_lse``). ``num_splits`` overrides the split-KV heuristic;
+    ``max_prefix_len`` and ``prefix_lens_cpu`` are host-side hints that tune
+    it and enable more checks. ``workspace`` (uint8 CUDA tensor) replaces the
+    per-device cached one.
+    """
+    if prefix_lens_cpu is not None and max_prefix_len is None:
+        lens = prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else list(prefix_lens_cpu)
+        max_prefix_len = max(lens, default=0)
+    shapes = check_arguments(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+                             sm_scale, max_n, out, lse, prefix_lens_cpu)
+    T, H = shapes.total_tokens, shapes.num_heads
+    if out is None:
+        out = torch.empty((T, H, V_DIM), dtype=torch.bfloat16, device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    from kdtree_engine.kernel import library
+
+    lib = library.load()
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if num_splits is None:
+        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+        num_splits = choose_num_splits(shapes.bs, max_n, H, sm_count, lib.block_rows(dev), max_prefix_len)
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 65535:
+        raise _err("num_splits", "an int in [1, 65535]", num_splits)
+    need = lib.workspace_bytes(T * H, num_splits)
+    if workspace is None:
+        workspace = _workspaces.get(q.device, need)
+    else:
+        _check_dtype("workspace", workspace, (torch.uint8,))
+        if workspace.device != q.device or workspace.numel() < need or not workspace.is_contiguous():
+            raise _err("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
+                       f"{workspace.numel()} bytes on {workspace.device}")
+    if debug_enabled() and not torch.cuda.is_current_stream_capturing():
+        _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, shapes.pool_size, max_n)
+    torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                                      mask_indptr, out, lse, workspace, float(sm_scale), max_n, num_splits)
+    return (out, lse) if return_lse else out
