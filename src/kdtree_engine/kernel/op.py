@@ -100,8 +100,12 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do two tensors of one storage span common bytes? (distinct storages never alias)"""
+    """Do two dense tensors of one storage share bytes? Distinct storages never
+    alias; for strided views (which may interleave without sharing an element)
+    only a definite overlap of two contiguous tensors is reported."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if not (a.is_contiguous() and b.is_contiguous()):
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False

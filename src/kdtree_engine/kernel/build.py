@@ -1,0 +1,287 @@
+"""The ``build`` gate: compile ``csrc/`` with nvcc into one shared library.
+
+    python -m kdtree_engine build [--arch sm_90 --arch sm_120] [--force] [--out DIR]
+
+One ``-gencode`` per target arch, a static CUDA runtime (so the library loads
+through ctypes in any Python), ``-Xptxas -v`` for per-kernel registers and
+spills, and a stamp (sources + flags + nvcc version) so that an unchanged tree
+is not rebuilt. The gate fails on a missing nvcc, a compile error (the
+compiler's own message is printed) or any spill (no kernel here declares one).
+When ``cuobjdump`` is available (``pip install nvidia-cuda-cuobjdump
+nvidia-cuda-nvdisasm``, the ``build`` extra) the evidence also counts the
+tensor-core and async-copy instructions in each arch's SASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdtree_engine.pipeline import evidence
+
+DEFAULT_ARCHS = ("sm_90", "sm_120")
+LIB_NAME = "libkdtree_verify.so"
+BASE_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xptxas=-v,--warn-on-spills", "-shared",
+              "-Xcompiler", "-fPIC", "-cudart", "static"]
+#: SASS instruction families worth counting: tensor-core MMA, async copies, shared-memory matrix loads,
+#: and local-memory traffic (which should be zero).
+SASS_FAMILIES = ("HMMA", "HGMMA", "LDGSTS", "UTMALDG", "LDSM", "LDL", "STL")
+
+
+class BuildError(RuntimeError):
+    """The build cannot run or failed; the message says why."""
+
+
+@dataclass
+class BuildResult:
+    library: Path
+    rebuilt: bool
+    archs: list[str]
+    flags: list[str]
+    nvcc: str
+    kernels: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # arch -> kernel -> regs/spills
+    sass: dict[str, dict[str, int]] = field(default_factory=dict)  # arch -> family -> count
+    log: str = ""
+
+
+def default_out_dir() -> Path:
+    env = os.environ.get("KDTREE_BUILD_DIR")
+    return Path(env) if env else evidence.repo_root() / "build" / "lib"
+
+
+def parse_archs(values: list[str] | None) -> list[str]:
+    raw = values or os.environ.get("KDTREE_ARCHS", ",".join(DEFAULT_ARCHS)).split(",")
+    archs = []
+    for v in raw:
+        for a in v.split(","):
+            a = a.strip()
+            if not a:
+                continue
+            if not re.fullmatch(r"sm_\d{2,3}a?", a):
+                raise BuildError(f"--arch: expected names like sm_90, sm_90a or sm_120, got {a!r}")
+            if a not in archs:
+                archs.append(a)
+    if not archs:
+        raise BuildError("--arch: no target arch given")
+    return archs
+
+
+def gencode(arch: str) -> str:
+    num = arch[3:]
+    return f"-gencode=arch=compute_{num},code={arch}"
+
+
+def find_nvcc() -> str:
+    cand = os.environ.get("NVCC") or shutil.which("nvcc")
+    if not cand:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        p = Path(home) / "bin" / "nvcc"
+        cand = str(p) if p.is_file() else None
+    if not cand:
+        raise BuildError("nvcc not found: install the CUDA toolkit or set NVCC / CUDA_HOME")
+    return cand
+
+
+def nvcc_version(nvcc: str) -> str:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BuildError(f"cannot run {nvcc} --version: {e}") from None
+    m = re.search(r"release ([\d.]+), (V[\d.]+)", out.stdout)
+    if out.returncode != 0 or not m:
+        raise BuildError(f"{nvcc} --version failed: {out.stdout}{out.stderr}")
+    return f"{m.group(1)} ({m.group(2)})"
+
+
+def sources(root: Path) -> list[Path]:
+    csrc = root / "csrc"
+    cu = sorted(csrc.glob("*.cu"))
+    if not cu:
+        raise BuildError(f"no .cu sources in {csrc}")
+    return cu
+
+
+def _stamp(root: Path, flags: list[str], nvcc_v: str) -> str:
+    h = hashlib.sha256()
+    for p in sorted((root / "csrc").rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    h.update(json.dumps([flags, nvcc_v]).encode())
+    return h.hexdigest()
+
+
+_FUNC_RE = re.compile(r"Compiling entry function '(\w+)' for '(sm_\w+)'")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REG_RE = re.compile(r"Used (\d+) registers")
+
+
+def _short(name: str) -> str:
+    """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_kernel)."""
+    m = re.search(r"(verify_attn_kernel|combine_kernel)(ILi(\d+)EE)?", name)
+    if not m:
+        return name
+    return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)
+
+
+def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
+    """ptxas -v output -> {arch: {kernel: {registers, stack, spill_stores, spill_loads}}}."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    cur: dict[str, int] | None = None
+    for line in log.splitlines():
+        m = _FUNC_RE.search(line)
+        if m:
+            cur = out.setdefault(m.group(2), {}).setdefault(_short(m.group(1)), {})
+            continue
+        if cur is None:
+            continue
+        m = _SPILL_RE.search(line)
+        if m:
+            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = _REG_RE.search(line)
+        if m:
+            cur["registers"] = int(m.group(1))
+    return out
+
+
+def find_cuobjdump() -> str | None:
+    cand = shutil.which("cuobjdump")
+    if cand:
+        return cand
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    for p in (purelib / "nvidia" / "cu13" / "bin" / "cuobjdump", Path("/usr/local/cuda/bin/cuobjdump")):
+        if p.is_file():
+            return str(p)
+    return None
+
+
+def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
+    """Count instruction families in each arch's SASS ({} when cuobjdump is unavailable)."""
+    tool = find_cuobjdump()
+    if not tool:
+        return {}
+    env = dict(os.environ)
+    env["PATH"] = str(Path(tool).parent) + os.pathsep + env.get("PATH", "")  # nvdisasm beside it
+    counts: dict[str, dict[str, int]] = {}
+    for arch in archs:
+        r = subprocess.run([tool, "--dump-sass", "-arch", arch, str(library)], capture_output=True,
+                           text=True, env=env, timeout=300)
+        if r.returncode != 0:
+            counts[arch] = {"error": 1}
+            continue
+        fam = {f: 0 for f in SASS_FAMILIES}
+        for ins in re.findall(r"\b([A-Z][A-Z0-9]+)(?:\.[A-Z0-9.]+)?\s", r.stdout):
+            if ins in fam:
+                fam[ins] += 1
+        counts[arch] = fam
+    return counts
+
+
+def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bool = False,
+          root: Path | None = None) -> BuildResult:
+    root = root or evidence.repo_root()
+    archs = parse_archs(archs)
+    nvcc = find_nvcc()
+    nvcc_v = nvcc_version(nvcc)
+    out_dir = Path(out_dir) if out_dir else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / LIB_NAME
+    flags = BASE_FLAGS + [gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+    stamp_file = out_dir / (LIB_NAME + ".stamp.json")
+    stamp = _stamp(root, flags, nvcc_v)
+    if not force and lib.is_file() and stamp_file.is_file():
+        try:
+            old = json.loads(stamp_file.read_text())
+        except ValueError:
+            old = {}
+        if old.get("stamp") == stamp:
+            res = BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), old.get("sass", {}),
+                              old.get("log", ""))
+            return res
+    tmp = out_dir / (LIB_NAME + ".tmp")
+    cmd = [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(tmp), *map(str, sources(root))]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"nvcc failed (exit {r.returncode}):\n{log.strip()}\ncommand: {' '.join(cmd)}")
+    os.replace(tmp, lib)
+    kernels = parse_ptxas(log)
+    sass = sass_counts(lib, archs)
+    stamp_file.write_text(json.dumps({"stamp": stamp, "kernels": kernels, "sass": sass, "log": log}, indent=1))
+    return BuildResult(lib, True, archs, flags, nvcc_v, kernels, sass, log)
+
+
+def spills(result: BuildResult) -> list[str]:
+    bad = []
+    for arch, ks in result.kernels.items():
+        for k, v in ks.items():
+            if v.get("spill_stores", 0) or v.get("spill_loads", 0):
+                bad.append(f"{k} on {arch}: {v.get('spill_stores')} B spill stores, {v.get('spill_loads')} B spill loads")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kdtree build", description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", action="append", help="target arch (repeatable or comma list); default sm_90,sm_120")
+    ap.add_argument("--force", action="store_true", help="rebuild even when sources and flags are unchanged")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default build/lib)")
+    ap.add_argument("--evidence-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        res = build(args.arch, args.out, args.force)
+    except BuildError as e:
+        print(f"build: FAILED: {e}", file=sys.stderr)
+        rec = evidence.make_record("build", False, {}, "build failed", reason=str(e).splitlines()[0], device=None)
+        evidence.write_record(rec, args.evidence_dir)
+        return 1
+    bad = spills(res)
+    missing = [a for a in res.archs if a not in res.kernels and res.rebuilt]
+    mma = {a: (c.get("HMMA", 0) + c.get("HGMMA", 0)) for a, c in res.sass.items()}
+    passed = not bad and not missing
+    reason = None
+    if bad:
+        reason = "register spills: " + "; ".join(bad)
+    elif missing:
+        reason = f"ptxas reported no kernels for {missing}"
+    regs = {a: {k: v.get("registers") for k, v in ks.items()} for a, ks in res.kernels.items()}
+    headline = f"{','.join(res.archs)} built with nvcc {res.nvcc}; " + ", ".join(
+        f"{a}: {max((r or 0) for r in regs.get(a, {}).values()) if regs.get(a) else '?'} regs max, 0 spills"
+        for a in res.archs
+    )
+    if mma:
+        headline += "; SASS MMA " + ", ".join(f"{a}={n}" for a, n in mma.items())
+    metrics = {
+        "archs": res.archs,
+        "nvcc": res.nvcc,
+        "flags": res.flags,
+        "library": str(res.library),
+        "library_bytes": res.library.stat().st_size,
+        "rebuilt": res.rebuilt,
+        "kernels": res.kernels,
+        "sass": res.sass,
+    }
+    rec = evidence.make_record("build", passed, metrics, headline if passed else "build failed",
+                               reason=reason, device=None)
+    path = evidence.write_record(rec, args.evidence_dir)
+    state = "rebuilt" if res.rebuilt else "up to date"
+    print(f"build: {res.library} ({state})")
+    for a, ks in res.kernels.items():
+        for k, v in ks.items():
+            print(f"  {a:7s} {k:24s} {v.get('registers', '?'):>4} regs  spills {v.get('spill_stores', 0)}/{v.get('spill_loads', 0)} B")
+    for a, c in res.sass.items():
+        print(f"  {a:7s} SASS: " + " ".join(f"{f}={n}" for f, n in c.items() if n))
+    print(f"build: {'PASS' if passed else 'FAIL: ' + str(reason)}  (evidence {path})")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The ``oracle`` gate (Phases 1-2, GPU): the kernel against the fp32 reference.
+
+    python -m kdtree_engine oracle [--groups prefix_n,heads,...] [--seed 0] [--list]
+
+Every case builds a seeded batch in SGLang's layout (slot 0 padding, unused
+slots poisoned with NaN, FULL_MASK masks), poisons the kernel's outputs with
+NaN, runs the kernel with LSE, and compares with the fp32 reference on the
+same GPU (:mod:`kdtree_engine.oracle.compare` has the tolerances). The matrix
+covers prefix lengths {0, 1, 63, 64, 65, 4095, 23000, 65536, 131072}, N {1, 2,
+7, 16, 64, 128}, H {1, 8, 16, 64, 128}, bs {1, 3, 32}, ragged N (a request
+with none too), every tree shape, bool and uint8 masks, contiguous /
+fragmented / run layouts, int32 and int64 slot ids, several sm_scale values,
+forced split counts (combine path, empty splits) and strided q / out.
+Evidence: case count and the worst error per group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kdtree_engine.oracle import compare, reference, workloads
+from kdtree_engine.pipeline import evidence
+
+PREFIXES = (0, 1, 63, 64, 65, 4095, 23000, 65536, 131072)
+NS = (1, 2, 7, 16, 64, 128)
+HEADS = (1, 8, 16, 64, 128)
+
+
+@dataclass
+class Case:
+    group: str
+    name: str
+    prefix_lens: list[int]
+    n_drafts: list[int]
+    heads: int
+    tree: list[str] = field(default_factory=lambda: ["eagle"])
+    layout: str = "fragmented"
+    mask_dtype: torch.dtype = torch.uint8
+    sm_scale: float = workloads.DEEPSEEK_SM_SCALE
+    num_splits: int | None = None
+    index_dtype: torch.dtype = torch.int64
+    strided: bool = False
+    max_n: int | None = None
+
+
+def cases() -> list[Case]:
+    cs: list[Case] = []
+    for L in PREFIXES:
+        for n in NS:
+            cs.append(Case("prefix_n", f"L{L}-N{n}-H8", [L], [n], 8))
+    for h in (1, 16, 64, 128):
+        for n in (1, 7, 16, 64):
+            for L in (65, 4095):
+                cs.append(Case("heads", f"L{L}-N{n}-H{h}", [L], [n], h))
+    cs.append(Case("heads", "L4095-N128-H128", [4095], [128], 128))
+    cs.append(Case("heads", "L65536-N16-H128", [65536], [16], 128))
+    cs += [
+        Case("batch", "bs3-uniform", [0, 64, 4095], [7, 7, 7], 16, ["eagle", "chain", "star"]),
+        Case("batch", "bs3-ragged", [63, 23000, 1], [1, 16, 7], 8, ["chain", "best_first", "deep"]),
+        Case("batch", "bs3-ragged-empty", [65, 4095, 200], [7, 0, 2], 8, ["eagle", "chain", "random"]),
+        Case("batch", "bs32-uniform", [int(x) for x in torch.randint(0, 23000, (32,), generator=torch.Generator().manual_seed(7))],
+             [16] * 32, 8, list(workloads.TREE_KINDS)),
+        Case("batch", "bs32-ragged", [int(x) for x in torch.randint(0, 4096, (32,), generator=torch.Generator().manual_seed(8))],
+             [int(x) for x in torch.randint(1, 65, (32,), generator=torch.Generator().manual_seed(9))], 16,
+             list(workloads.TREE_KINDS)),
+        Case("batch", "bs32-N4-H16", [4096] * 32, [4] * 32, 16, ["eagle"], layout="runs16"),
+    ]
+    for kind in workloads.TREE_KINDS:
+        for mdt in (torch.bool, torch.uint8):
+            cs.append(Case("masks", f"{kind}-{str(mdt).split('.')[-1]}", [1000], [64], 16, [kind], mask_dtype=mdt))
+    for layout in workloads.LAYOUTS:
+        cs.append(Case("layouts", f"{layout}", [23000], [16], 8, layout=layout))
+    cs.append(Case("layouts", "int32-slot-ids", [23000], [16], 8, index_dtype=torch.int32))
+    for sc in (workloads.DEEPSEEK_SM_SCALE, 0.1352, 1.0, 0.01):
+        cs.append(Case("sm_scale", f"scale{sc:.4f}", [4095], [16], 8, sm_scale=sc))
+    for s in (1, 2, 3, 17, 64, 200):
+        cs.append(Case("splits", f"splits{s}", [4095], [16], 8, num_splits=s))
+    cs.append(Case("splits", "prefix0-splits8", [0], [16], 8, num_splits=8))
+    cs += [
+        Case("edge", "strided-q-out", [4095], [16], 8, strided=True),
+        Case("edge", "max_n-above-N", [100, 7], [5, 3], 4, max_n=32),
+        Case("edge", "one-row", [0], [1], 1),
+    ]
+    return cs
+
+
+def run_case(c: Case, seed: int, device: torch.device) -> dict:
+    from kdtree_engine.kernel.op import verify_attention
+
+    b = workloads.make_batch(c.prefix_lens, c.n_drafts, c.heads, tree=c.tree, layout=c.layout,
+                             mask_dtype=c.mask_dtype, sm_scale=c.sm_scale, seed=seed, device=device,
+                             index_dtype=c.index_dtype, max_n=c.max_n)
+    T, H = b.q.shape[0], b.q.shape[1]
+    q = b.q
+    if c.strided:  # q rows inside a wider buffer, out as a view of a wider buffer
+        big = torch.randn((T, H + 3, 576 + 64), device=device).to(torch.bfloat16)
+        big[:, :H, :576] = b.q
+        q = big[:, :H, :576]
+        out_big = torch.full((T, H + 1, 512 + 128), float("nan"), dtype=torch.bfloat16, device=device)
+        out = out_big[:, 1:, 64:576]
+    else:
+        out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((T, H), float("nan"), dtype=torch.float32, device=device)
+    verify_attention(q, b.k_ext, b.kv_buffer, b.qo_indptr, b.kv_indptr, b.kv_indices, b.custom_mask,
+                     b.mask_indptr, b.sm_scale, b.max_n, out=out, lse=lse, num_splits=c.num_splits,
+                     prefix_lens_cpu=b.prefix_lens)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
+    d = compare.compare(out, ref, lse, ref_lse)
+    if c.strided:  # the bytes around the view must be untouched
+        spill = torch.isfinite(out_big[:, 0]).any() or torch.isfinite(out_big[:, 1:, :64]).any() \
+            or torch.isfinite(out_big[:, 1:, 576:]).any()
+        if spill:
+            d.passed = False
+    return {"group": c.group, "case": c.name, "rows": T * H, **d.as_dict()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kdtree oracle", description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", default=None, help="comma list of case groups (default: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--evidence-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    all_cases = cases()
+    groups = sorted({c.group for c in all_cases})
+    if args.groups:
+        want = [g.strip() for g in args.groups.split(",") if g.strip()]
+        bad = [g for g in want if g not in groups]
+        if bad:
+            print(f"oracle: unknown group(s) {bad}; expected some of {groups}", file=sys.stderr)
+            return 2
+        all_cases = [c for c in all_cases if c.group in want]
+    if args.list:
+        for c in all_cases:
+            print(f"{c.group:9s} {c.name}")
+        print(f"{len(all_cases)} cases")
+        return 0
+
+    if not torch.cuda.is_available():
+        msg = "the oracle gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
+        print(f"oracle: FAILED: {msg}", file=sys.stderr)
+        evidence.write_record(evidence.make_record("oracle", False, {}, "not run: no CUDA GPU", reason=msg),
+                              args.evidence_dir)
+        return 1
+    device = torch.device("cuda")
+    try:
+        from kdtree_engine.kernel import library
+
+        lib = library.load()
+    except Exception as e:  # missing library, wrong ABI
+        msg = f"cannot load the kernel library: {e}"
+        print(f"oracle: FAILED: {msg}", file=sys.stderr)
+        evidence.write_record(evidence.make_record("oracle", False, {}, "not run: no kernel library", reason=msg),
+                              args.evidence_dir)
+        return 1
+
+    rows = []
+    t0 = time.monotonic()
+    for i, c in enumerate(all_cases):
+        try:
+            r = run_case(c, args.seed + i, device)
+        except Exception as e:  # a crash is a failed case, reported with its text
+            r = {"group": c.group, "case": c.name, "passed": False, "error": f"{type(e).__name__}: {e}"}
+            torch.cuda.synchronize()
+        rows.append(r)
+        status = "ok " if r["passed"] else "FAIL"
+        print(f"  {status} {c.group:9s} {c.name:22s} "
+              + (f"max|d|={r['max_abs']:.2e} cos={r['cos_diff']:.1e} lse={r['lse_max_abs'] or 0:.1e}"
+                 if "max_abs" in r else r.get("error", "")), flush=True)
+    elapsed = time.monotonic() - t0
+    worst = {}
+    for g in sorted({r["group"] for r in rows}):
+        gr = [r for r in rows if r["group"] == g]
+        worst[g] = {
+            "cases": len(gr),
+            "failed": sum(not r["passed"] for r in gr),
+            "max_abs": max((r.get("max_abs", float("inf")) for r in gr), default=0.0),
+            "cos_diff": max((r.get("cos_diff", float("inf")) for r in gr), default=0.0),
+            "lse_max_abs": max(((r.get("lse_max_abs") or 0.0) if "max_abs" in r else float("inf") for r in gr),
+                               default=0.0),
+        }
+    failed = [f"{r['group']}/{r['case']}" for r in rows if not r["passed"]]
+    passed = not failed and len(rows) > 0
+    worst_abs = max((w["max_abs"] for w in worst.values()), default=0.0)
+    worst_cos = max((w["cos_diff"] for w in worst.values()), default=0.0)
+    headline = (f"{len(rows) - len(failed)}/{len(rows)} cases within bf16 tolerance; "
+                f"worst |d| {worst_abs:.1e}, cos_diff {worst_cos:.1e}")
+    metrics = {"cases": len(rows), "failed": len(failed), "worst_per_group": worst, "seconds": round(elapsed, 1),
+               "library_archs": lib.archs,
+               "tolerance": {"atol": compare.ATOL, "rtol": compare.RTOL, "cos_diff": compare.COS_DIFF_MAX,
+                             "lse_atol": compare.LSE_ATOL}}
+    rec = evidence.make_record("oracle", passed, metrics, headline,
+                               reason=None if passed else f"{len(failed)} case(s) failed: {', '.join(failed[:10])}",
+                               details={"rows": rows})
+    path = evidence.write_record(rec, args.evidence_dir)
+    print(f"\noracle: {'PASS' if passed else 'FAIL'}: {headline} in {elapsed:.0f}s (evidence {path})")
+    for g, w in worst.items():
+        print(f"  {g:9s} {w['cases']:4d} cases, {w['failed']} failed, worst |d| {w['max_abs']:.2e}, "
+              f"cos {w['cos_diff']:.1e}, lse {w['lse_max_abs']:.1e}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The binding's argument checks (CPU) and, on a GPU, the kernel against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree_engine.kernel import op
+from kdtree_engine.kernel.op import VerifyArgumentError, check_arguments, choose_num_splits
+from kdtree_engine.oracle import compare, reference, workloads
+
+
+def _batch(**kw):
+    args = dict(prefix_lens=[5, 0, 9], n_drafts=[4, 2, 3], num_heads=2, seed=0, spare_slots=4)
+    args.update(kw)
+    return workloads.make_batch(**args)
+
+
+def _args(b: workloads.Batch) -> dict:
+    return dict(q=b.q, k_ext=b.k_ext, kv_buffer=b.kv_buffer, qo_indptr=b.qo_indptr, kv_indptr=b.kv_indptr,
+                kv_indices=b.kv_indices, custom_mask=b.custom_mask, mask_indptr=b.mask_indptr,
+                sm_scale=b.sm_scale, max_n=b.max_n)
+
+
+def test_valid_cpu_batch_fails_only_on_device():
+    a = _args(_batch())
+    shapes = check_arguments(**a, require_cuda=False)
+    assert (shapes.bs, shapes.total_tokens, shapes.num_heads, shapes.max_n) == (3, 9, 2, 4)
+    with pytest.raises(VerifyArgumentError, match=r"'q': expected a CUDA tensor"):
+        check_arguments(**a)
+
+
+BAD = [
+    ("q", lambda a: a["q"].float(), "'q': expected dtype torch.bfloat16"),
+    ("q", lambda a: a["q"][..., :512], r"'q': expected shape \[tokens, heads, 576\]"),
+    ("q", lambda a: torch.zeros((9, 129, 576), dtype=torch.bfloat16), "'q': expected 1..128 heads"),
+    ("q", lambda a: torch.zeros((9, 2, 580), dtype=torch.bfloat16)[..., :576],
+     "'q': expected row strides that are multiples of 8"),
+    ("k_ext", lambda a: a["k_ext"][:8], "'k_ext': expected 9 rows"),
+    ("k_ext", lambda a: a["k_ext"].to(torch.float16), "'k_ext': expected dtype torch.bfloat16"),
+    ("k_ext", lambda a: a["k_ext"].view(9, 2, 288), r"'k_ext': expected shape \[rows, 1, 576\]"),
+    ("kv_buffer", lambda a: a["kv_buffer"][:, :, :512], r"'kv_buffer': expected shape"),
+    ("kv_buffer", lambda a: a["kv_buffer"][:0], "'kv_buffer': expected at least one slot"),
+    ("kv_buffer", lambda a: torch.zeros((40, 580), dtype=torch.bfloat16)[:, :576],
+     "'kv_buffer': expected row strides that are multiples of 8"),
+    ("qo_indptr", lambda a: a["qo_indptr"].long(), "'qo_indptr': expected dtype torch.int32"),
+    ("kv_indptr", lambda a: a["kv_indptr"][:3], "'kv_indptr': expected 4 elements"),
+    ("kv_indptr", lambda a: a["kv_indptr"].long(), "'kv_indptr': expected dtype torch.int32"),
+    ("kv_indices", lambda a: a["kv_indices"].float(), "'kv_indices': expected dtype torch.int64 or torch.int32"),
+    ("kv_indices", lambda a: a["kv_indices"][None], "'kv_indices': expected a 1-D tensor"),
+    ("custom_mask", lambda a: a["custom_mask"].float(), "'custom_mask': expected dtype torch.bool or torch.uint8"),
+    ("mask_indptr", lambda a: a["mask_indptr"].int(), "'mask_indptr': expected dtype torch.int64"),
+    ("mask_indptr", lambda a: a["mask_indptr"][:2], "'mask_indptr': expected 4 elements"),
+    ("max_n", lambda a: 129, "'max_n': expected 0..128"),
+    ("max_n", lambda a: 2, "'max_n': expected at least q.shape"),
+    ("max_n", lambda a: 4.0, "'max_n': expected a Python int"),
+    ("sm_scale", lambda a: float("nan"), "'sm_scale': expected a finite float"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,message", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_argument_is_named(name, mutate, message):
+    a = _args(_batch())
+    a[name] = mutate(a)
+    with pytest.raises(VerifyArgumentError, match=message):
+        check_arguments(**a, require_cuda=False)
+
+
+def test_out_and_lse_are_checked():
+    b = _batch()
+    a = _args(b)
+    with pytest.raises(VerifyArgumentError, match=r"'out': expected shape \[9, 2, 512\]"):
+        check_arguments(**a, out=torch.empty((9, 2, 576), dtype=torch.bfloat16), require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match="'out': expected a contiguous last dimension"):
+        check_arguments(**a, out=torch.empty((9, 2, 512, 2), dtype=torch.bfloat16)[..., 0], require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match="'lse': expected a contiguous tensor of shape"):
+        check_arguments(**a, lse=torch.empty((2, 9)).t(), require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match="'lse': expected dtype torch.float32"):
+        check_arguments(**a, lse=torch.empty((9, 2), dtype=torch.float64), require_cuda=False)
+
+
+def test_out_may_not_overlap_inputs():
+    b = _batch()
+    a = _args(b)
+    flat = torch.zeros(9 * 2 * 576 + 9 * 2 * 512, dtype=torch.bfloat16)
+    a["q"] = flat[: 9 * 2 * 576].view(9, 2, 576)
+    with pytest.raises(VerifyArgumentError, match="'out': expected memory that does not overlap 'q'"):
+        check_arguments(**a, out=flat[512 * 8 : 512 * 8 + 9 * 2 * 512].view(9, 2, 512), require_cuda=False)
+    check_arguments(**a, out=flat[9 * 2 * 576 :].view(9, 2, 512), require_cuda=False)  # adjacent
+    # interleaved strided views of one buffer do not overlap and are accepted
+    buf = torch.zeros((9, 2, 1024 + 64), dtype=torch.bfloat16)
+    a["q"] = buf[:, :, :576]
+    check_arguments(**a, out=buf[:, :, 576:1088], require_cuda=False)
+
+
+def test_mask_length_checked_when_prefix_lengths_are_known():
+    b = workloads.make_batch([5, 9], [3, 3], 2, seed=1)
+    a = _args(b)
+    check_arguments(**a, prefix_lens_cpu=[5, 9], require_cuda=False)
+    a["custom_mask"] = a["custom_mask"][:-1]
+    with pytest.raises(VerifyArgumentError, match=r"'custom_mask': expected >= 60 entries"):
+        check_arguments(**a, prefix_lens_cpu=[5, 9], require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match="'prefix_lens_cpu': expected 2 prefix lengths"):
+        check_arguments(**a, prefix_lens_cpu=[5], require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match=r"'kv_indices': expected >= 20 slot ids"):
+        check_arguments(**_args(b), prefix_lens_cpu=[11, 9], require_cuda=False)
+
+
+def test_choose_num_splits_fills_the_gpu_and_respects_short_prefixes():
+    # bs=1, N=16, H=8 -> 2 row tiles of 64 rows: 66 splits fill 132 SMs
+    assert choose_num_splits(1, 16, 8, 132, 64) == 66
+    # short prefix: at least 4 key tiles per split
+    assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=240) == 2
+    # a big batch fills the GPU on its own
+    assert choose_num_splits(16, 8, 128, 132, 64) == 1
+    assert choose_num_splits(1, 0, 8, 132, 64) >= 1
+
+
+def test_custom_op_is_registered_with_a_fake():
+    assert hasattr(torch.ops.kdtree, "verify_attention")
+    assert op.OP_NAME == "kdtree::verify_attention"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tree", ["eagle", "chain", "star"])
+def test_kernel_matches_reference_small(tree):
+    b = workloads.make_batch([70, 0, 33], [7, 3, 16], 8, tree=tree, seed=2, device="cuda")
+    out = torch.full((b.q.shape[0], 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b.q.shape[0], 8), float("nan"), device="cuda")
+    op.verify_attention(*b.kernel_args(), out=out, lse=lse)
+    ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
+    d = compare.compare(out, ref, lse, ref_lse)
+    assert d.passed, d
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bad_input_writes_nothing_on_gpu():
+    b = workloads.make_batch([70], [7], 8, seed=3, device="cuda")
+    out = torch.full((7, 8, 512), 7.0, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(VerifyArgumentError):
+        op.verify_attention(*b.kernel_args()[:-1], 129, out=out)
+    assert bool((out == 7.0).all())
