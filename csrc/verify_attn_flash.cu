@@ -522,10 +522,16 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   if (a->num_splits < 1 || a->num_splits > 65535)
     return fail(KDTREE_EINVAL, "num_splits must be in [1, 65535], got %d", a->num_splits);
   if (a->total_tokens < 0) return fail(KDTREE_EINVAL, "total_tokens must be >= 0");
-  if (!a->q || !a->k_ext || !a->kv || !a->qo_indptr || !a->kv_indptr || !a->kv_indices ||
-      !a->mask_indptr || !a->o || !a->workspace)
-    return fail(KDTREE_EINVAL, "a required pointer is NULL");
-  if (!a->mask && a->max_n > 0) return fail(KDTREE_EINVAL, "mask is NULL");
+  if (!a->q || !a->k_ext || !a->kv || !a->qo_indptr || !a->kv_indptr || !a->mask_indptr || !a->o ||
+      !a->workspace)
+    return fail(KDTREE_EINVAL, "a required pointer (q, k_ext, kv, qo_indptr, kv_indptr, mask_indptr, o, "
+                               "workspace) is NULL");
+  // Empty tensors may come with a NULL pointer; their lengths are 0, so the
+  // device checks flag any read of them and the kernel never dereferences them.
+  if ((!a->kv_indices && a->kv_indices_len != 0) || (!a->mask && a->mask_len != 0))
+    return fail(KDTREE_EINVAL, "kv_indices or mask is NULL but has a non-zero length");
+  if (a->kv_indices_len < 0 || a->mask_len < 0 || a->pool_size < 1)
+    return fail(KDTREE_EINVAL, "kv_indices_len and mask_len must be >= 0 and pool_size >= 1");
   const int64_t need = kdtree_workspace_bytes(static_cast<int64_t>(a->total_tokens) * a->num_heads, a->num_splits);
   if (a->workspace_bytes < need)
     return fail(KDTREE_EINVAL, "workspace has %lld bytes, needs %lld", (long long)a->workspace_bytes,

@@ -16,6 +16,7 @@ raises on any violation.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -235,6 +236,11 @@ def choose_num_splits(
     return max(1, min(splits, 256))
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 class _Workspaces:
     """One workspace per device, grown by doubling and never freed while the
     process runs (a captured graph keeps the address it saw)."""
@@ -397,8 +403,7 @@ def verify_attention(
     lib = library.load()
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if num_splits is None:
-        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-        num_splits = choose_num_splits(shapes.bs, max_n, H, sm_count, lib.block_rows(dev), max_prefix_len)
+        num_splits = choose_num_splits(shapes.bs, max_n, H, _sm_count(dev), lib.block_rows(dev), max_prefix_len)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 65535:
         raise _err("num_splits", "an int in [1, 65535]", num_splits)
     need = lib.workspace_bytes(T * H, num_splits)
@@ -411,6 +416,10 @@ def verify_attention(
                        f"{workspace.numel()} bytes on {workspace.device}")
     if debug_enabled() and not torch.cuda.is_current_stream_capturing():
         _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, shapes.pool_size, max_n)
-    torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-                                      mask_indptr, out, lse, workspace, float(sm_scale), max_n, num_splits)
+    if torch.compiler.is_compiling():  # one opaque op in the compiled graph
+        torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                                          mask_indptr, out, lse, workspace, float(sm_scale), max_n, num_splits)
+    else:  # eager and CUDA-graph capture: skip the dispatcher's Python overhead
+        _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+                out, lse, workspace, float(sm_scale), max_n, num_splits)
     return (out, lse) if return_lse else out
