@@ -43,6 +43,10 @@ constexpr int CHUNKS = ROW_BYTES / 16;    // 72 16-byte pieces per latent
 constexpr int SROW = ROW_BYTES + 16;      // padded smem row: ldmatrix rows hit distinct banks
 constexpr int BN = 32;                    // keys per tile
 constexpr int SPAD = BN + 8;              // S row stride (floats)
+#ifndef KDTREE_SACC
+#define KDTREE_SACC 4
+#endif
+constexpr int SACC = KDTREE_SACC;         // independent S accumulator sets (see the S loop)
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
@@ -254,19 +258,35 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
     const uint32_t kst = k_base + stage * C::K_BYTES;
 
     // ---- S = Q K^T for rows rg*16.., keys kh*16.. (two n8 tiles) over 576 dims ----
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // SACC independent accumulator sets break the 36-long dependent MMA chain
+    // (each HMMA waits for the previous one on the same accumulator).
+    float s[2][4];
     {
+      float sp[SACC][2][4];
+#pragma unroll
+      for (int a = 0; a < SACC; ++a)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) sp[a][j][0] = sp[a][j][1] = sp[a][j][2] = sp[a][j][3] = 0.f;
       const uint32_t qa = q_base + (rg * 16 + (lane & 15)) * SROW + (lane >> 4) * 16;
       const uint32_t kb =
           kst + (kh * 16 + (lane & 7) + ((lane >> 4) << 3)) * SROW + ((lane >> 3) & 1) * 16;
-#pragma unroll 12
+#pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
         ldsm_x4(qa + k * 32, a0, a1, a2, a3);
         ldsm_x4(kb + k * 32, b0, b1, b2, b3);
-        mma16816(s[0], a0, a1, a2, a3, b0, b1);
-        mma16816(s[1], a0, a1, a2, a3, b2, b3);
+        mma16816(sp[k % SACC][0], a0, a1, a2, a3, b0, b1);
+        mma16816(sp[k % SACC][1], a0, a1, a2, a3, b2, b3);
       }
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = 0.f;
+#pragma unroll
+          for (int a = 0; a < SACC; ++a) v += sp[a][j][e];
+          s[j][e] = v;
+        }
     }
     // ---- scale, mask, publish S ----
     {

@@ -106,9 +106,11 @@ def test_mask_length_checked_when_prefix_lengths_are_known():
         check_arguments(**_args(b), prefix_lens_cpu=[11, 9], require_cuda=False)
 
 
-def test_choose_num_splits_fills_the_gpu_and_respects_short_prefixes():
-    # bs=1, N=16, H=8 -> 2 row tiles of 64 rows: 66 splits fill 132 SMs
+def test_choose_num_splits_fills_whole_waves():
+    # bs=1, N=16, H=8 -> 2 row tiles of 64 rows: 66 splits fill 132 SMs in one wave
     assert choose_num_splits(1, 16, 8, 132, 64) == 66
+    # N=64 -> 8 row tiles: 16 splits (128 CTAs, one wave), not 17 (136 CTAs, two waves)
+    assert choose_num_splits(1, 64, 8, 132, 64) == 16
     # short prefix: at least 4 key tiles per split
     assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=240) == 2
     # a big batch fills the GPU on its own

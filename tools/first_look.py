@@ -35,9 +35,28 @@ def sglang_extend(b):
     return run, o
 
 
+def graph_time(fn, reps=20):
+    """Median microseconds of one call, from replays of a CUDA graph holding 10 calls."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            fn()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1e3 / 10)
+    return sorted(ts)[len(ts) // 2]
+
+
 def main():
     print(torch.cuda.get_device_name(), flush=True)
-    print(f"{'bs':>3} {'N':>3} {'H':>4} {'ctx':>6} | {'ours tree':>10} {'ours chain':>10} {'sglang':>10} {'x':>6} | agree")
+    print(f"{'bs':>3} {'N':>3} {'H':>4} {'ctx':>6} | {'ours tree':>10} {'ours chain':>10} {'graph':>8} {'sglang':>10} {'x':>6} | agree")
     for bs, n, h, ctx in SHAPES:
         b = workloads.make_batch([ctx] * bs, n, h, tree="eagle", seed=1, device="cuda", poison_unused=False)
         c = workloads.make_batch([ctx] * bs, n, h, tree="chain", seed=1, device="cuda", poison_unused=False)
@@ -47,6 +66,7 @@ def main():
                                          warmup=50, rep=300, return_mode="median") * 1e3
         t_chain = triton.testing.do_bench(lambda: verify_attention(*c.kernel_args(), out=out, **hint),
                                           warmup=50, rep=300, return_mode="median") * 1e3
+        t_graph = graph_time(lambda: verify_attention(*b.kernel_args(), out=out, **hint))
         verify_attention(*b.kernel_args(), out=out, **hint)
         try:
             run, o = sglang_extend(b)
@@ -55,7 +75,7 @@ def main():
             agree = f"{(o.float() - out.float()).abs().max().item():.1e}"
         except Exception as e:  # report, keep going
             t_sg, agree = float("nan"), f"sglang failed: {type(e).__name__}: {str(e)[:80]}"
-        print(f"{bs:>3} {n:>3} {h:>4} {ctx:>6} | {t_tree:10.1f} {t_chain:10.1f} {t_sg:10.1f} {t_sg / t_tree:6.1f} | {agree}",
+        print(f"{bs:>3} {n:>3} {h:>4} {ctx:>6} | {t_tree:10.1f} {t_chain:10.1f} {t_graph:8.1f} {t_sg:10.1f} {t_sg / t_graph:6.1f} | {agree}",
               flush=True)
 
 

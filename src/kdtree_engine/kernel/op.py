@@ -217,23 +217,24 @@ def check_arguments(
 
 
 def choose_num_splits(
-    bs: int, max_n: int, num_heads: int, sm_count: int, block_rows: int, max_prefix_len: int | None = None
+    bs: int, max_n: int, num_heads: int, sm_count: int, block_rows: int, max_prefix_len: int | None = None,
+    max_splits: int = 256,
 ) -> int:
-    """Split the key range so that about one wave of CTAs fills the GPU.
+    """Split the key range so that one whole wave of CTAs fills the GPU.
 
-    ``max_prefix_len`` (a host-side hint, e.g. from SGLang's seq_lens_cpu)
-    keeps at least 4 key tiles (128 keys) per split for short prefixes, where
-    more splits would only add combine traffic.
+    One CTA runs per SM (its shared memory is ~156 KB), so a call takes
+    ceil(ctas * splits / sm_count) waves: 17 splits of 8 row tiles (136 CTAs on
+    132 SMs) would take two waves where 16 take one. So: as many splits as fit
+    in one wave, none when the batch alone fills the GPU. ``max_prefix_len`` (a
+    host-side hint, e.g. SGLang's seq_lens_cpu) keeps at least 4 key tiles (128
+    keys) per split, where more splits would only add combine traffic.
     """
     row_tiles = max(1, -(-max_n * num_heads // block_rows))
     ctas = max(1, bs * row_tiles)
-    if ctas >= sm_count:
-        return 1
-    splits = -(-sm_count // ctas)
+    splits = max(1, sm_count // ctas)
     if max_prefix_len is not None:
-        tiles = -(-(max_prefix_len + max_n) // 32)
-        splits = min(splits, max(1, tiles // 4))
-    return max(1, min(splits, 256))
+        splits = min(splits, max(1, -(-(max_prefix_len + max_n) // 32) // 4))
+    return max(1, min(splits, max_splits))
 
 
 @functools.cache
