@@ -81,3 +81,33 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def profile_wrapper(calls: int = 300) -> None:
+    """Where the eager wrapper's host time goes (cProfile over many calls)."""
+    import cProfile
+    import pstats
+
+    b = workloads.make_batch([4096], 16, 8, tree="eagle", seed=1, device="cuda", poison_unused=False)
+    out = torch.empty((16, 8, 512), dtype=torch.bfloat16, device="cuda")
+    for _ in range(20):
+        verify_attention(*b.kernel_args(), out=out, max_prefix_len=4096)
+    torch.cuda.synchronize()
+    import time
+
+    t = time.perf_counter()
+    for _ in range(calls):
+        verify_attention(*b.kernel_args(), out=out, max_prefix_len=4096)
+    torch.cuda.synchronize()
+    print(f"host time per eager call: {(time.perf_counter() - t) / calls * 1e6:.1f} us")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        verify_attention(*b.kernel_args(), out=out, max_prefix_len=4096)
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__" and torch.cuda.is_available():
+    profile_wrapper()

@@ -134,12 +134,21 @@ _lock = threading.Lock()
 _cache: dict[Path, Library] = {}
 
 
+_default: Library | None = None
+
+
 def load(path: Path | str | None = None) -> Library:
-    """Load (once per path) and return the kernel library."""
+    """Load (once per path) and return the kernel library. The default one is
+    resolved once per process: this sits on the per-call path of the op."""
+    global _default
+    if path is None and _default is not None:
+        return _default
     p = Path(path) if path is not None else default_library_path()
     with _lock:
         if p not in _cache:
             _cache[p] = Library(p)
+        if path is None:
+            _default = _cache[p]
         return _cache[p]
 
 
