@@ -78,6 +78,8 @@ int kdtree_abi_version(void);
 const char* kdtree_last_error(void);
 // Archs compiled into this library, e.g. "sm_90,sm_120".
 const char* kdtree_build_info(void);
+// The kernel variant that runs on `device` ("wgmma-sm90a-64x64", "mma.sync-64x32", ...).
+const char* kdtree_kernel_name(int device);
 // Query rows one CTA handles on `device` (the split heuristic needs it); <0 on error.
 int kdtree_block_rows(int device);
 // Workspace the call needs; the first 256 bytes hold the device error word.

@@ -26,6 +26,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kdtree_verify.h"
@@ -158,6 +159,103 @@ __device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, in
   return s;
 }
 
+// What one CTA works on: request b's query rows r0 .. r0+BM and key tiles [t_begin, t_end).
+struct Work {
+  int qo_start, kv_lo, N, rows, r0, L, KV, t_begin, t_end;
+  int64_t mask_base;
+  bool mask_ok;
+};
+
+// Read and validate request b's metadata (device values, never trusted: a bad
+// value sets a bit in *err and the CTA does nothing). Returns false when the
+// CTA has no work; an empty split still marks its rows' LSE so combine skips it.
+__device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int bm, int split, int bn,
+                                           int tid, int nthreads, Work& w) {
+  const bool reporter = tid == 0 && r0 == 0 && split == 0;
+  w.qo_start = p.qo_indptr[b];
+  const int qo_end = p.qo_indptr[b + 1];
+  w.kv_lo = p.kv_indptr[b];
+  const int kv_hi = p.kv_indptr[b + 1];
+  w.N = qo_end - w.qo_start;
+  if (w.qo_start < 0 || w.N < 0 || qo_end > p.T || w.N > p.max_n) {
+    if (reporter) atomicOr(p.err, KDTREE_ERR_QO_INDPTR);
+    return false;
+  }
+  if (w.kv_lo < 0 || kv_hi < w.kv_lo || kv_hi > p.kv_indices_len) {
+    if (reporter) atomicOr(p.err, KDTREE_ERR_KV_INDPTR);
+    return false;
+  }
+  w.rows = w.N * p.H;
+  w.r0 = r0;
+  if (r0 >= w.rows) return false;  // no such row tile for this request (combine skips it too)
+  w.L = kv_hi - w.kv_lo;
+  w.KV = w.L + w.N;
+  w.mask_base = p.mask_indptr[b];
+  w.mask_ok = w.N == 0 || (w.mask_base >= 0 && w.mask_base + static_cast<int64_t>(w.N) * w.KV <= p.mask_len);
+  if (!w.mask_ok && reporter) atomicOr(p.err, KDTREE_ERR_MASK);
+  const int ntiles = (w.KV + bn - 1) / bn;
+  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
+  w.t_begin = split * per;
+  w.t_end = min(ntiles, w.t_begin + per);
+  if (w.t_begin >= w.t_end) {
+    if (p.num_splits > 1) {
+      const int64_t grow0 = static_cast<int64_t>(w.qo_start) * p.H + r0;
+      for (int r = tid; r < bm && r0 + r < w.rows; r += nthreads)
+        p.lse_part[static_cast<int64_t>(split) * p.T * p.H + grow0 + r] = -CUDART_INF_F;
+    }
+    return false;
+  }
+  return true;
+}
+
+// Scale a score to log2 units and apply the tree mask: keys past the end are
+// invisible; draft keys (pos >= L) are visible iff the FULL_MASK row of `tok` says so.
+__device__ __forceinline__ float masked_score(const Params& p, const Work& w, float s, int pos, int tok,
+                                             bool needs_mask) {
+  float v = s * p.scale_log2;
+  if (needs_mask) {
+    if (pos >= w.KV) return -CUDART_INF_F;
+    if (pos >= w.L && tok >= 0) {
+      const bool vis = w.mask_ok && p.mask[w.mask_base + static_cast<int64_t>(tok) * w.KV + pos] != 0;
+      if (!vis) return -CUDART_INF_F;
+    }
+  }
+  return v;
+}
+
+// Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
+// half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
+// o with one split, fp32 normalised partials plus LSE to the workspace with several.
+__device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
+                                           const float* l_run, int r0, int rows, int qo_start,
+                                           int split, int half, int tq) {
+  const int H = p.H;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = r0 + 8 * h;
+    if (rr >= rows) continue;
+    const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+    const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+    const int tok = rr / H, head = rr % H;
+    const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
+    if (p.num_splits > 1) {
+      float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8) = make_float2(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+      if (half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
+    } else {
+      __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
+                           static_cast<int64_t>(head) * p.o_sh + half * 256 + tq * 2;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
+            __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+      if (p.lse && half == 0 && tq == 0) p.lse[grow] = lse;
+    }
+  }
+}
+
 template <int RG>
 __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const Params p) {
   using C = Cfg<RG>;
@@ -171,42 +269,10 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
   const int rg = warp % RG, kh = warp / RG;
   const int g = lane >> 2, tq = lane & 3;
 
-  // ---- request metadata (device values; validated, never trusted) ----
-  const int qo_start = p.qo_indptr[b], qo_end = p.qo_indptr[b + 1];
-  const int kv_lo = p.kv_indptr[b], kv_hi = p.kv_indptr[b + 1];
-  const int N = qo_end - qo_start;
-  if (qo_start < 0 || N < 0 || qo_end > p.T || N > p.max_n) {
-    if (tid == 0 && rt == 0 && split == 0) atomicOr(p.err, KDTREE_ERR_QO_INDPTR);
-    return;
-  }
-  if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len) {
-    if (tid == 0 && rt == 0 && split == 0) atomicOr(p.err, KDTREE_ERR_KV_INDPTR);
-    return;
-  }
-  const int rows = N * p.H;
-  const int r0 = rt * C::BM;
-  if (r0 >= rows) return;  // no such row tile for this request (combine skips it too)
-  const int L = kv_hi - kv_lo;
-  const int KV = L + N;
-  const int64_t mask_base = p.mask_indptr[b];
-  bool mask_ok = N == 0 || (mask_base >= 0 && mask_base + static_cast<int64_t>(N) * KV <= p.mask_len);
-  if (!mask_ok && tid == 0 && rt == 0 && split == 0) atomicOr(p.err, KDTREE_ERR_MASK);
-
-  const int ntiles = (KV + BN - 1) / BN;
-  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
-  const int t_begin = split * per;
-  const int t_end = min(ntiles, t_begin + per);
-
-  const int H = p.H;
-  const bool partial = p.num_splits > 1;
-  const int64_t grow0 = static_cast<int64_t>(qo_start) * H + r0;  // global row of row 0
-
-  if (t_begin >= t_end) {  // an empty split: mark its rows so combine ignores them
-    if (partial)
-      for (int r = tid; r < C::BM && r0 + r < rows; r += C::THREADS)
-        p.lse_part[static_cast<int64_t>(split) * p.T * H + grow0 + r] = -CUDART_INF_F;
-    return;
-  }
+  Work w;
+  if (!setup_work(p, b, rt * C::BM, C::BM, split, BN, tid, C::THREADS, w)) return;
+  const int qo_start = w.qo_start, kv_lo = w.kv_lo, N = w.N, rows = w.rows, r0 = w.r0, L = w.L;
+  const int t_begin = w.t_begin, t_end = w.t_end, H = p.H;
 
   // ---- Q tile: BM rows x 72 chunks ----
   for (int c = tid; c < C::BM * CHUNKS; c += C::THREADS) {
@@ -232,9 +298,9 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
   if (t_begin + 1 < t_end) src_next = key_source(p, (t_begin + 1) * BN + lrow, L, N, kv_lo, qo_start);
 
   // ---- running state: O (16 rows x 256 cols per warp), row max / sum for rows g, g+8 ----
-  float acc[32][4];
+  float acc[128];  // n8 block i of this warp's 256 columns in acc[4i .. 4i+3] (mma C layout)
 #pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
   float l_run[2] = {0.f, 0.f};
 
@@ -298,19 +364,8 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
         for (int e = 0; e < 4; ++e) {
           const int col = kh * 16 + j * 8 + tq * 2 + (e & 1);
           const int row = rg * 16 + g + (e >> 1) * 8;
-          float v = s[j][e] * p.scale_log2;
-          if (needs_mask) {
-            const int pos = kpos0 + j * 8 + tq * 2 + (e & 1);
-            const int tok = (e >> 1) ? tok1 : tok0;
-            if (pos >= KV) {
-              v = -CUDART_INF_F;
-            } else if (pos >= L && tok >= 0) {
-              bool vis = false;
-              if (mask_ok) vis = p.mask[mask_base + static_cast<int64_t>(tok) * KV + pos] != 0;
-              if (!vis) v = -CUDART_INF_F;
-            }
-          }
-          s_s[row * SPAD + col] = v;
+          const int pos = kpos0 + j * 8 + tq * 2 + (e & 1);
+          s_s[row * SPAD + col] = masked_score(p, w, s[j][e], pos, (e >> 1) ? tok1 : tok0, needs_mask);
         }
       }
     }
@@ -359,8 +414,8 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
     l_run[1] = l_run[1] * corr[1] + rs[1];
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      acc[i][0] *= corr[0]; acc[i][1] *= corr[0];
-      acc[i][2] *= corr[1]; acc[i][3] *= corr[1];
+      acc[4 * i + 0] *= corr[0]; acc[4 * i + 1] *= corr[0];
+      acc[4 * i + 2] *= corr[1]; acc[4 * i + 3] *= corr[1];
     }
 
     // ---- O[16 x 256] += P[16 x BN] V[BN x 256] (columns kh*256..) ----
@@ -372,8 +427,8 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
       for (int n2 = 0; n2 < 16; ++n2) {
         uint32_t b0, b1, b2, b3;
         ldsm_x4_t(vb + n2 * 32, b0, b1, b2, b3);
-        mma16816(acc[2 * n2], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
-        mma16816(acc[2 * n2 + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
+        mma16816(&acc[8 * n2], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
+        mma16816(&acc[8 * n2 + 4], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
       }
     }
   }
@@ -384,36 +439,14 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  float inv[2], lse_v[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    inv[h] = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-    lse_v[h] = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int rr = h ? myrow1 : myrow0;
-    if (rr >= rows) continue;
-    const int tok = rr / H, head = rr % H;
-    const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
-    if (partial) {
-      float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + kh * 256 + tq * 2;
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        *reinterpret_cast<float2*>(dst + i * 8) =
-            make_float2(acc[i][2 * h] * inv[h], acc[i][2 * h + 1] * inv[h]);
-      if (kh == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse_v[h];
-    } else {
-      __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
-                           static_cast<int64_t>(head) * p.o_sh + kh * 256 + tq * 2;
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
-            __floats2bfloat162_rn(acc[i][2 * h] * inv[h], acc[i][2 * h + 1] * inv[h]);
-      if (p.lse && kh == 0 && tq == 0) p.lse[grow] = lse_v[h];
-    }
-  }
+  store_rows(p, acc, m_run, l_run, myrow0, rows, qo_start, split, kh, tq);
 }
+
+}  // namespace kdtree
+
+#include "verify_attn_sm90.cuh"
+
+namespace kdtree {
 
 // Merge the splits of each query row: one CTA of 128 threads per row, 4 columns each.
 __global__ void __launch_bounds__(128) combine_kernel(const Params p) {
@@ -468,6 +501,27 @@ int fail(int code, const char* fmt, ...) {
 
 // Big tile (64 rows, 8 warps) where a block may take ~156 KB of shared memory
 // (sm_90), else 16 rows (2 warps, ~94 KB: sm_120's 99 KB limit).
+int pick_rg(int device, int* rg_out);
+
+// Which kernel runs on `device`: 2 = wgmma (sm_90a build on a CC 9.0 device),
+// 4 = mma.sync 64 rows, 1 = mma.sync 16 rows (small shared memory).
+// KDTREE_KERNEL=mma forces the portable kernel (for A/B measurements).
+int pick_kernel(int device, int* which) {
+  int major = 0, minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaDeviceGetAttribute: %s", cudaGetErrorString(e));
+  static const bool force_mma = [] {
+    const char* v = getenv("KDTREE_KERNEL");
+    return v && strcmp(v, "mma") == 0;
+  }();
+  if (major == 9 && minor == 0 && strstr(KDTREE_ARCHS, "sm_90a") && !force_mma) {
+    *which = 2;
+    return KDTREE_OK;
+  }
+  return pick_rg(device, which);
+}
+
 int pick_rg(int device, int* rg_out) {
   int optin = 0;
   cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -475,6 +529,8 @@ int pick_rg(int device, int* rg_out) {
   *rg_out = optin >= kdtree::Cfg<4>::SMEM ? 4 : 1;
   return KDTREE_OK;
 }
+
+int launch_combine(const kdtree::Params& p, cudaStream_t stream);
 
 template <int RG>
 int launch(const kdtree::Params& p, cudaStream_t stream) {
@@ -500,16 +556,45 @@ int launch(const kdtree::Params& p, cudaStream_t stream) {
   if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
     return fail(KDTREE_ENOARCH, "no kernel image for this device (library built for %s)", KDTREE_ARCHS);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel launch: %s", cudaGetErrorString(e));
+  return launch_combine(p, stream);
+}
+int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   if (p.num_splits > 1) {
     kdtree::combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.T) * p.H), 128, 0, stream>>>(p);
-    e = cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   }
   return KDTREE_OK;
 }
+
+int launch_sm90(const kdtree::Params& p, cudaStream_t stream) {
+  namespace s9 = kdtree::sm90;
+  static bool configured[64] = {false};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 64 && !configured[dev]) {
+    cudaError_t e = cudaFuncSetAttribute(s9::verify_attn_kernel_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         s9::SMEM);
+    if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaFuncSetAttribute (sm90): %s", cudaGetErrorString(e));
+    configured[dev] = true;
+  }
+  const int row_tiles = (p.max_n * p.H + s9::BM - 1) / s9::BM;
+  dim3 grid(row_tiles, p.num_splits, p.bs);
+  s9::verify_attn_kernel_sm90<<<grid, s9::THREADS, s9::SMEM, stream>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel (sm90) launch: %s", cudaGetErrorString(e));
+  return launch_combine(p, stream);
+}
 }  // namespace
 
 extern "C" {
+
+const char* kdtree_kernel_name(int device) {
+  int which = 0;
+  if (pick_kernel(device, &which) != KDTREE_OK) return "unknown";
+  return which == 2 ? "wgmma-sm90a-64x64" : which == 4 ? "mma.sync-64x32" : "mma.sync-16x32";
+}
+
 
 int kdtree_abi_version(void) { return KDTREE_ABI_VERSION; }
 const char* kdtree_last_error(void) { return g_err; }
@@ -605,10 +690,11 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   p.num_splits = a->num_splits;
   p.scale_log2 = a->sm_scale * kdtree::LOG2E;
 
-  int rg = 0;
-  int rc = pick_rg(dev, &rg);
+  int which = 0;
+  int rc = pick_kernel(dev, &which);
   if (rc != KDTREE_OK) return rc;
-  return rg == 4 ? launch<4>(p, stream) : launch<1>(p, stream);
+  if (which == 2) return launch_sm90(p, stream);
+  return which == 4 ? launch<4>(p, stream) : launch<1>(p, stream);
 }
 
 int kdtree_read_device_error(const void* workspace, void* stream_, int32_t* bits) {

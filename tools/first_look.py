@@ -55,7 +55,9 @@ def graph_time(fn, reps=20):
 
 
 def main():
-    print(torch.cuda.get_device_name(), flush=True)
+    from kdtree_engine.kernel import library
+
+    print(torch.cuda.get_device_name(), "kernel:", library.load().kernel_name(0), flush=True)
     print(f"{'bs':>3} {'N':>3} {'H':>4} {'ctx':>6} | {'ours tree':>10} {'ours chain':>10} {'graph':>8} {'sglang':>10} {'x':>6} | agree")
     for bs, n, h, ctx in SHAPES:
         b = workloads.make_batch([ctx] * bs, n, h, tree="eagle", seed=1, device="cuda", poison_unused=False)

@@ -2,7 +2,7 @@
 # One GPU-host session: unpack the carried bundle, check the carried library
 # loads, then run what the arguments name. Evidence and logs land in $OUT.
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
-# steps: oracle-quick oracle first-look sanitize integrate bench-micro bench-long graph defrag
+# steps: oracle-quick oracle oracle-mma first-look first-look-mma sanitize integrate bench-micro bench-long graph defrag
 set -uo pipefail
 commit=$1; shift
 mkdir -p /tmp/site && tar -xJf .site/site.tar.xz -C /tmp/site
@@ -16,6 +16,8 @@ for step in "$@"; do
     oracle-quick) python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
     oracle) python3 -m kdtree_engine oracle ;;
     first-look) python3 tools/first_look.py ;;
+    first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
+    oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     sanitize) timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_case.py;
               timeout 240 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_case.py ;;
     integrate) python3 -m kdtree_engine integrate ;;

@@ -28,7 +28,9 @@ from pathlib import Path
 
 from kdtree_engine.pipeline import evidence
 
-DEFAULT_ARCHS = ("sm_90", "sm_120")
+#: sm_90a = Hopper with its arch-specific instructions (wgmma): the H100/H200 kernel;
+#: sm_120 = RTX PRO 6000 Blackwell (mma.sync path). ``--arch sm_90`` builds the portable path only.
+DEFAULT_ARCHS = ("sm_90a", "sm_120")
 LIB_NAME = "libkdtree_verify.so"
 BASE_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xptxas=-v,--warn-on-spills", "-shared",
               "-Xcompiler", "-fPIC", "-cudart", "static"]
@@ -126,7 +128,7 @@ _REG_RE = re.compile(r"Used (\d+) registers")
 
 def _short(name: str) -> str:
     """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_kernel)."""
-    m = re.search(r"(verify_attn_kernel|combine_kernel)(ILi(\d+)EE)?", name)
+    m = re.search(r"(verify_attn_kernel_sm90|verify_attn_kernel|combine_kernel)(ILi(\d+)EE)?", name)
     if not m:
         return name
     return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)
@@ -178,7 +180,7 @@ def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
             counts[arch] = {"error": 1}
             continue
         fam = {f: 0 for f in SASS_FAMILIES}
-        for ins in re.findall(r"\b([A-Z][A-Z0-9]+)(?:\.[A-Z0-9.]+)?\s", r.stdout):
+        for ins in re.findall(r"\b([A-Z][A-Z0-9]+)(?:\.[A-Za-z0-9_.]+)?\s", r.stdout):
             if ins in fam:
                 fam[ins] += 1
         counts[arch] = fam
@@ -231,7 +233,7 @@ def spills(result: BuildResult) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kdtree build", description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", action="append", help="target arch (repeatable or comma list); default sm_90,sm_120")
+    ap.add_argument("--arch", action="append", help="target arch (repeatable or comma list); default sm_90a,sm_120")
     ap.add_argument("--force", action="store_true", help="rebuild even when sources and flags are unchanged")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default build/lib)")
     ap.add_argument("--evidence-dir", type=Path, default=None)

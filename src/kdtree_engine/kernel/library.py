@@ -88,6 +88,8 @@ class Library:
         lib.kdtree_abi_version.restype = ctypes.c_int
         lib.kdtree_last_error.restype = ctypes.c_char_p
         lib.kdtree_build_info.restype = ctypes.c_char_p
+        lib.kdtree_kernel_name.argtypes = [ctypes.c_int]
+        lib.kdtree_kernel_name.restype = ctypes.c_char_p
         lib.kdtree_block_rows.argtypes = [ctypes.c_int]
         lib.kdtree_block_rows.restype = ctypes.c_int
         lib.kdtree_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int32]
@@ -107,6 +109,10 @@ class Library:
 
     def last_error(self) -> str:
         return (self._lib.kdtree_last_error() or b"").decode()
+
+    def kernel_name(self, device: int) -> str:
+        """The kernel variant that runs on ``device`` (e.g. wgmma-sm90a-64x64)."""
+        return (self._lib.kdtree_kernel_name(device) or b"unknown").decode()
 
     def block_rows(self, device: int) -> int:
         if device not in self._block_rows:
