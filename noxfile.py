@@ -1,0 +1,148 @@
+"""nox sessions: one per gate (DESIGN section 3), plus ``tests`` and ``lint``.
+
+Every gate session runs ``python -m kdtree_engine <gate> *posargs``, which
+writes the gate's evidence record. GPU gates are ``default=False`` and tagged
+``gpu``; on a machine without a CUDA device they fail with one sentence (never
+skip). All sessions also run with ``nox --no-venv`` on a host that cannot make
+virtual environments (the offline GPU host): nothing is installed then, and the
+interpreter running nox runs the gate.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_venv = "yes"
+
+#: pip takes this CPU build from the local wheel cache here; an unpinned torch
+#: would pull a multi-GB CUDA build into every venv.
+TORCH = os.environ.get("KDTREE_TORCH_PIN", "torch==2.13.0")
+SGLANG = "sglang==0.5.23"
+#: What `sglang.srt.plugins.hook_registry` and
+#: `sglang.kernels.ops.attention.extend_attention` need to import on a CPU
+#: (sglang itself goes in with --no-deps). `triton_backend` needs torchvision
+#: too, whose PyPI build does not load beside the CPU torch.
+SGLANG_CPU_DEPS = (
+    # sglang.srt.plugins.hook_registry, sglang.kernels.ops.attention.extend_attention
+    "numpy", "orjson", "psutil", "pybase64", "requests", "triton", "packaging", "pillow",
+    "starlette", "anyio", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "dill",
+    # sglang.srt.layers.attention.triton_backend, its memory pools and the radix cache
+    "sentencepiece==0.2.1", "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0", "loguru",
+    "gguf", "openai==2.8.0", "distro", "partial-json-parser", "einops",
+    "transformers==5.19.0", "tokenizers==0.23.2",
+)
+PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config")
+CUDA_PROBE = (
+    "try:\n"
+    "    import torch\n"
+    "    ok = torch.cuda.is_available()\n"
+    "except Exception as e:\n"
+    "    print('torch import failed:', e)\n"
+    "    ok = False\n"
+    "print('cuda-available' if ok else 'no-cuda')\n"
+)
+
+
+def _has_venv(session: nox.Session) -> bool:
+    return session.venv_backend != "none"
+
+
+def _python(session: nox.Session) -> str:
+    """The venv's python, or with --no-venv the interpreter running nox."""
+    return "python" if _has_venv(session) else sys.executable
+
+
+def _install_project(session: nox.Session) -> None:
+    if _has_venv(session):
+        session.install("-e", ".[dev]", TORCH)
+
+
+def _require_cuda(session: nox.Session, gate: str) -> None:
+    out = session.run(_python(session), "-c", CUDA_PROBE, silent=True, log=False) or ""
+    if "cuda-available" not in out:
+        session.error(
+            f"gate {gate} needs a CUDA GPU and torch here sees none; "
+            f"run `nox --no-venv -s {gate}` on a GPU host"
+        )
+
+
+def _gate(session: nox.Session, gate: str, *, gpu: bool) -> None:
+    _install_project(session)
+    if gpu:
+        _require_cuda(session, gate)
+    session.run(_python(session), "-m", "kdtree_engine", gate, *session.posargs)
+
+
+# Gate venvs see the system site-packages, so an installed torch is reused.
+GATE_VENV = ["--system-site-packages"]
+
+
+@nox.session(venv_params=GATE_VENV)
+def build(session: nox.Session) -> None:
+    """Compile csrc/ with nvcc for every target arch (no GPU needed)."""
+    _gate(session, "build", gpu=False)
+
+
+@nox.session(name="oracle-selftest", venv_params=GATE_VENV)
+def oracle_selftest(session: nox.Session) -> None:
+    """Check the fp32 reference against an independent formulation and golden vectors."""
+    _gate(session, "oracle-selftest", gpu=False)
+
+
+@nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])
+def oracle(session: nox.Session) -> None:
+    """Check the kernel against the fp32 reference over the shape matrix (GPU)."""
+    _gate(session, "oracle", gpu=True)
+
+
+@nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])
+def bench(session: nox.Session) -> None:
+    """Benchmark the kernel against its peers: `-- --suite micro|long-context` (GPU)."""
+    _gate(session, "bench", gpu=True)
+
+
+@nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])
+def integrate(session: nox.Session) -> None:
+    """Run SGLang's TritonAttnBackend TARGET_VERIFY with the plugin on vs off (GPU)."""
+    _gate(session, "integrate", gpu=True)
+
+
+@nox.session(venv_params=GATE_VENV, default=False, tags=["gpu", "server"])
+def smoke(session: nox.Session) -> None:
+    """Check a live SGLang server through the plugin: `-- --url URL` or `-- --launch CMD`."""
+    _gate(session, "smoke", gpu=False)  # the server holds the GPU; no server -> the gate fails
+
+
+@nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])
+def graph(session: nox.Session) -> None:
+    """Capture and replay the verify step in a CUDA graph; replay must equal eager (GPU)."""
+    _gate(session, "graph", gpu=True)
+
+
+@nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])
+def defrag(session: nox.Session) -> None:
+    """Check KV compaction and measure fragmented vs compact cost (GPU)."""
+    _gate(session, "defrag", gpu=True)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite (GPU tests skip without a GPU); posargs go to pytest."""
+    if _has_venv(session):
+        session.install("-e", ".[dev]", TORCH)
+        session.install("--no-deps", SGLANG)
+        session.install(*SGLANG_CPU_DEPS, TORCH)
+        session.install("--no-deps", "-e", ".")  # the plugin's entry point must be discoverable
+    session.run(_python(session), "-m", "pytest", *PYTEST_FLAGS, *(session.posargs or ("-q",)))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check over the project (config in pyproject.toml)."""
+    if _has_venv(session):
+        session.install("ruff")
+    session.run(_python(session), "-m", "ruff", "check", *(session.posargs or (".",)))

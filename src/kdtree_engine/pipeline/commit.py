@@ -1,0 +1,151 @@
+"""Commit the plan files, and nothing else, with GitPython.
+
+Refuses on a detached HEAD or when other changes are staged; skips a commit
+that would change nothing; lets git and hook errors surface as
+:class:`CommitError`; and on any failure puts the plan files, the index and
+HEAD back exactly as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+
+class CommitError(RuntimeError):
+    """The plan commit was refused or failed; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What :func:`write_and_commit` did: the new commit (None when skipped or not
+    asked for) and whether the files changed on disk."""
+
+    commit: str | None
+    changed: bool
+    skipped: bool
+
+
+def _hook_output(e: git.HookExecutionError) -> str:
+    """What the hook printed, without GitPython's ``stderr: '...'`` wrapping."""
+    text = ""
+    for part in (e.stderr, e.stdout):
+        part = re.sub(r"^\s*(stderr|stdout): '", "", str(part or "")).rstrip().rstrip("'")
+        text = text or part.strip()
+    return text
+
+
+def open_repo(root: Path) -> git.Repo:
+    try:
+        return git.Repo(root, search_parent_directories=False)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise CommitError(f"{root} is not a git repository; cannot commit the plan") from None
+
+
+def _rel(root: Path, paths: list[Path]) -> list[str]:
+    return [p.resolve().relative_to(root.resolve()).as_posix() for p in paths]
+
+
+def staged_paths(repo: git.Repo) -> list[str]:
+    """Paths whose staged content differs from HEAD (every index entry on an unborn branch)."""
+    if not repo.head.is_valid():
+        return sorted({path for path, _stage in repo.index.entries})
+    return sorted({d.a_path or d.b_path for d in repo.index.diff("HEAD")})
+
+
+def preflight(root: Path, paths: list[Path]) -> git.Repo:
+    """Refuse early (before any gate runs) what would make the commit impossible."""
+    repo = open_repo(root)
+    if repo.head.is_detached:
+        raise CommitError(
+            f"HEAD is detached at {repo.head.commit.hexsha[:12]}; check out a branch before "
+            "recording a phase (or pass --no-commit)"
+        )
+    mine = set(_rel(root, paths))
+    others = [p for p in staged_paths(repo) if p not in mine]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise CommitError(
+            f"other changes are staged ({shown}); the plan commit stages only the plan files, "
+            "so commit or unstage those first"
+        )
+    return repo
+
+
+def write_and_commit(
+    root: Path,
+    contents: dict[Path, str],
+    message: str,
+    *,
+    commit: bool = True,
+) -> CommitResult:
+    """Write ``contents`` (path -> text) and, when ``commit``, commit exactly those
+    files. On any error the files, the index and HEAD are restored and
+    :class:`CommitError` is raised."""
+    root = root.resolve()
+    paths = [Path(p).resolve() for p in contents]
+    repo = preflight(root, paths) if commit else None
+    before = {p: (p.read_bytes() if p.exists() else None) for p in paths}
+    index_path = Path(repo.index.path) if repo is not None else None
+    index_before = index_path.read_bytes() if index_path and index_path.exists() else None
+    head_before = repo.head.commit.hexsha if repo is not None and repo.head.is_valid() else None
+    changed = any(before[p] != text.encode() for p, text in contents.items())
+
+    def restore() -> None:
+        for p, data in before.items():
+            if data is None:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            else:
+                p.write_bytes(data)
+        for d in reversed(made_dirs):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if repo is None:
+            return
+        if index_path is not None:
+            if index_before is None:
+                index_path.unlink(missing_ok=True)
+            else:
+                index_path.write_bytes(index_before)
+        now = repo.head.commit.hexsha if repo.head.is_valid() else None
+        if now != head_before and head_before is not None:
+            repo.head.reset(head_before, index=False, working_tree=False)
+
+    made_dirs: list[Path] = []
+
+    try:
+        for p, text in contents.items():
+            missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
+            p.parent.mkdir(parents=True, exist_ok=True)
+            made_dirs += [d for d in reversed(missing) if d not in made_dirs]
+            p.write_text(text)
+        if repo is None:
+            return CommitResult(None, changed, skipped=False)
+        rel = _rel(root, paths)
+        # Nothing differs from HEAD: a commit would change nothing.
+        if repo.head.is_valid() and not repo.git.status("--porcelain", "--", *rel):
+            return CommitResult(None, changed, skipped=True)
+        index = repo.index
+        index.add(rel)
+        new = index.commit(message)
+        return CommitResult(new.hexsha, changed, skipped=False)
+    except git.HookExecutionError as e:
+        restore()
+        hook = Path(str(e.command[0])).name if e.command else "?"
+        detail = " ".join(_hook_output(e).split())
+        raise CommitError(
+            f"git hook {hook} failed (exit {e.status}), so the plan was not committed and the "
+            f"plan files and history are as they were{': ' + detail if detail else ''}"
+        ) from None
+    except (git.GitError, OSError, ValueError) as e:
+        restore()
+        raise CommitError(f"git commit of the plan failed; plan files and history left as they "
+                          f"were: {type(e).__name__}: {e}") from None
+    except BaseException:
+        restore()
+        raise

@@ -1,0 +1,381 @@
+"""SGLang plugin: route the TARGET_VERIFY step of MLA models to the owned kernel.
+
+SGLang calls :func:`load` (entry point ``kdtree_verify`` in the group
+``sglang.srt.plugins``) through ``sglang.srt.plugins.load_plugins()`` in the
+launcher and in every scheduler / tensor-parallel worker process. With
+``KDTREE_VERIFY=on`` it registers an AROUND hook on
+``TritonAttnBackend.forward_extend`` with SGLang's ``HookRegistry``; with
+``off`` or unset it registers nothing; any other value is a configuration error
+raised at plugin load, naming the variable.
+
+The hook (:func:`verify_hook`) takes a call only when every predicate of
+:mod:`kdtree_engine.sglang.fallback` accepts it; it then saves the draft KV to
+the pool with SGLang's own code (``KVWriteLoc.for_batch`` +
+``TritonAttnBackend._set_kv_buffer``, as the original does) and runs
+:func:`kdtree_engine.kernel.op.verify_attention` on SGLang's own metadata,
+writing into the output tensor SGLang would return (``[tokens, heads * 512]``).
+Every other call, and every call the kernel rejects, goes to SGLang's original
+method. What is active, and each distinct reason for falling back, is logged
+once per process on the ``kdtree_engine.sglang`` logger.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from kdtree_engine.sglang import fallback
+from kdtree_engine.sglang.fallback import VerifyCall
+
+logger = logging.getLogger("kdtree_engine.sglang")
+
+#: The environment switch.
+ENV = "KDTREE_VERIFY"
+#: What the hook wraps (SGLang's HookRegistry target path).
+TARGET_MODULE = "sglang.srt.layers.attention.triton_backend"
+TARGET_CLASS = "TritonAttnBackend"
+TARGET_METHOD = "forward_extend"
+TARGET = f"{TARGET_MODULE}.{TARGET_CLASS}.{TARGET_METHOD}"
+#: The SGLang release the hook was written against.
+SGLANG_VERSION = "0.5.23"
+
+_E = inspect.Parameter.empty
+#: forward_extend's parameters as of SGLang 0.5.23: (name, default).
+EXPECTED_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("self", _E),
+    ("q", _E),
+    ("k", _E),
+    ("v", _E),
+    ("layer", _E),
+    ("forward_batch", _E),
+    ("save_kv_cache", True),
+    ("sinks", None),
+    ("score_mod", None),
+    ("aux_tensors", None),
+)
+_ARG_NAMES = tuple(n for n, _ in EXPECTED_PARAMS[1:])
+_DEFAULTS = {n: d for n, d in EXPECTED_PARAMS[1:] if d is not _E}
+
+
+class KdtreeConfigError(ValueError):
+    """A user configuration error (a bad ``KDTREE_VERIFY`` value)."""
+
+
+def read_switch(environ: Mapping[str, str] | None = None) -> bool:
+    """``KDTREE_VERIFY``: ``on`` -> True; ``off`` or unset/empty -> False; else raise."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV)
+    value = (raw or "").strip().lower()
+    if value in ("", "off"):
+        return False
+    if value == "on":
+        return True
+    raise KdtreeConfigError(
+        f"{ENV}={raw!r} is not valid: expected 'on' or 'off' (or leave it unset for off)"
+    )
+
+
+def _describe(params: list[tuple[str, str, Any]]) -> str:
+    parts = []
+    for name, kind, default in params:
+        s = name if kind == "POSITIONAL_OR_KEYWORD" else f"{name} [{kind}]"
+        parts.append(s if default is _E else f"{s}={default!r}")
+    return "(" + ", ".join(parts) + ")"
+
+
+def check_signature(func: Callable[..., Any]) -> tuple[bool, str]:
+    """Are ``func``'s parameters exactly the ones the hook was written for?"""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as e:
+        return False, f"cannot read the signature of {TARGET}: {e}"
+    got = [(p.name, p.kind.name, p.default) for p in sig.parameters.values()]
+    want = [(n, "POSITIONAL_OR_KEYWORD", d) for n, d in EXPECTED_PARAMS]
+    if got != want:
+        return False, (
+            f"{TARGET_CLASS}.{TARGET_METHOD} has parameters {_describe(got)} but the kdtree hook "
+            f"was written for {_describe(want)} (SGLang {SGLANG_VERSION}); not hooking"
+        )
+    return True, ""
+
+
+def resolve_target() -> tuple[Callable[..., Any] | None, str]:
+    """Import SGLang's Triton backend and return ``forward_extend`` (or None, reason)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(TARGET_MODULE)
+    except Exception as e:  # noqa: BLE001 - report any import failure, keep SGLang's path
+        return None, f"cannot import {TARGET_MODULE}: {type(e).__name__}: {e}"
+    cls = getattr(module, TARGET_CLASS, None)
+    if not isinstance(cls, type) or TARGET_METHOD not in vars(cls):  # an inherited one is not the hooked code
+        return None, f"{TARGET_MODULE} has no {TARGET_CLASS}.{TARGET_METHOD} of its own (SGLang changed?); not hooking"
+    return getattr(cls, TARGET_METHOD), ""
+
+
+class _Runtime:
+    """Per-process state: what was decided, what was logged, what ran."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.enabled: bool | None = None  # None: not decided at plugin load
+        self.reason = "plugin not loaded"
+        self.library: Any = None
+        self.library_checked = False
+        self.disabled_reason: str | None = None  # set when the kernel is switched off mid-run
+        self.devices: dict[int, tuple[bool, str]] = {}
+        self.logged: set[str] = set()
+        self.kernel_calls = 0
+        self.fallbacks: dict[str, int] = {}
+
+    def note(self, reason: str, level: int) -> None:
+        """Count a fallback; log each distinct reason once."""
+        with self.lock:
+            self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+            first = reason not in self.logged
+            self.logged.add(reason)
+        if first:
+            logger.log(level, "kdtree verify: falling back to SGLang's path: %s", reason)
+
+    def disable(self, reason: str) -> None:
+        with self.lock:
+            first = self.disabled_reason is None
+            self.disabled_reason = self.disabled_reason or reason
+        if first:
+            logger.warning("kdtree verify: off: %s (SGLang's path serves from now on)", reason)
+
+    def ensure_library(self) -> Any:
+        if not self.library_checked:
+            ok, reason, lib = fallback.library_status()
+            self.library, self.library_checked = lib, True
+            if not ok:
+                self.disable(reason)
+        return self.library
+
+    def device_ok(self, device: torch.device) -> tuple[bool, str]:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        got = self.devices.get(idx)
+        if got is None:
+            cap = torch.cuda.get_device_capability(idx)
+            got = fallback.device_supported(self.library, cap)
+            self.devices[idx] = got
+            if got[0]:
+                logger.info(
+                    "kdtree verify: on, sm_%d%d, library %s", cap[0], cap[1], getattr(self.library, "path", "?")
+                )
+            else:
+                logger.warning("kdtree verify: off on device %d: %s", idx, got[1])
+        return got
+
+
+_runtime = _Runtime()
+
+
+def status() -> dict[str, Any]:
+    """What the plugin decided and did in this process (for the integrate harness and tests)."""
+    r = _runtime
+    with r.lock:
+        return {
+            "enabled": r.enabled,
+            "reason": r.reason,
+            "disabled_reason": r.disabled_reason,
+            "library": str(getattr(r.library, "path", "")) or None,
+            "kernel_calls": r.kernel_calls,
+            "fallbacks": dict(r.fallbacks),
+        }
+
+
+def load() -> None:
+    """Entry point SGLang's ``load_plugins()`` calls in every process."""
+    try:
+        on = read_switch()
+    except KdtreeConfigError as e:
+        logger.error("kdtree verify: %s", e)
+        raise
+    _runtime.reset()
+    if not on:
+        _runtime.enabled = False
+        raw = os.environ.get(ENV)
+        _runtime.reason = f"{ENV}={raw}" if raw else f"{ENV} is unset"
+        logger.info("kdtree verify: off: %s", _runtime.reason)
+        return
+    func, reason = resolve_target()
+    if func is not None:
+        ok, reason = check_signature(func)
+        if not ok:
+            func = None
+    if func is None:
+        _runtime.enabled, _runtime.reason = False, reason
+        logger.error("kdtree verify: off: %s", reason)
+        return
+    lib = _runtime.ensure_library()
+    if lib is None:
+        _runtime.enabled, _runtime.reason = False, _runtime.disabled_reason or "kernel library failed to load"
+        return  # ensure_library logged the warning
+    _warn_version()
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TARGET, verify_hook, HookType.AROUND)
+    _runtime.enabled, _runtime.reason = True, f"{ENV}=on"
+    logger.info(
+        "kdtree verify: hook registered on %s.%s (%s=on; library %s, built for %s); the device is checked "
+        "at the first verify step", TARGET_CLASS, TARGET_METHOD, ENV, lib.path, getattr(lib, "archs", "?")
+    )
+
+
+def _warn_version() -> None:
+    try:
+        import sglang
+
+        found = getattr(sglang, "__version__", None)
+    except Exception:  # noqa: BLE001
+        found = None
+    if found != SGLANG_VERSION:
+        logger.warning(
+            "kdtree verify: written for SGLang %s, found %s; the hooked signature matches, hooking anyway",
+            SGLANG_VERSION, found,
+        )
+
+
+def _split_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """forward_extend's arguments by name (the signature was checked at registration)."""
+    if len(args) > len(_ARG_NAMES):
+        raise TypeError("too many arguments")
+    vals = dict(zip(_ARG_NAMES, args, strict=False))
+    for k, v in kwargs.items():
+        if k not in _ARG_NAMES or k in vals:
+            raise TypeError(f"unexpected argument {k!r}")
+        vals[k] = v
+    for k, d in _DEFAULTS.items():
+        vals.setdefault(k, d)
+    if len(vals) != len(_ARG_NAMES):
+        raise TypeError("missing arguments")
+    return vals
+
+
+def verify_hook(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on ``TritonAttnBackend.forward_extend``."""
+    try:
+        call = VerifyCall(backend=backend, **_split_args(args, kwargs))
+    except TypeError:
+        return original(backend, *args, **kwargs)  # let SGLang raise its own error
+    ok, reason, level = fallback.evaluate(call)
+    if ok and _runtime.disabled_reason is not None:
+        ok, reason, level = False, _runtime.disabled_reason, logging.WARNING
+    if not ok:
+        _runtime.note(reason, level)
+        return original(backend, *args, **kwargs)
+    return run_verify(original, call, args, kwargs)
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _prefix_hint(forward_batch: Any, bs: int) -> torch.Tensor | None:
+    """Prefix lengths already on the host (no sync); never baked into a CUDA graph."""
+    lens = getattr(forward_batch, "seq_lens_cpu", None)
+    if not isinstance(lens, torch.Tensor) or lens.device.type != "cpu" or lens.numel() != bs:
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return None
+    return lens
+
+
+def prepare(call: VerifyCall) -> dict[str, Any]:
+    """The kernel's arguments from SGLang's own tensors and metadata (no device read)."""
+    b, layer, fb, m = call.backend, call.layer, call.forward_batch, call.metadata
+    heads = layer.tp_q_head_num
+    attn_out = getattr(fb, "_attn_output", None)
+    # The tensor SGLang's forward_extend returns: [tokens, heads * v_head_dim].
+    o = attn_out if attn_out is not None else call.q.new_empty((call.q.shape[0], heads * layer.v_head_dim))
+    kv_buffer = b.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    if call.k is None:  # SGLang reads the drafts' latents back from the pool
+        k_ext = kv_buffer[fb.out_cache_loc]
+    else:
+        k_ext = call.k.contiguous()
+    qo_indptr = _as_dtype(m.qo_indptr, torch.int32)  # SGLang's CUDA-graph buffer is int64
+    return {
+        "o": o,
+        "q": call.q.view(-1, heads, layer.qk_head_dim),
+        "k_ext": k_ext,
+        "kv_buffer": kv_buffer,
+        "qo_indptr": qo_indptr,
+        "kv_indptr": _as_dtype(m.kv_indptr, torch.int32),
+        "kv_indices": m.kv_indices,
+        "custom_mask": m.custom_mask,
+        "mask_indptr": _as_dtype(m.mask_indptr, torch.int64),
+        "sm_scale": float(layer.scaling),
+        "max_n": int(m.max_extend_len),
+        "out": o.view(-1, heads, layer.v_head_dim),
+        "prefix_lens_cpu": _prefix_hint(fb, qo_indptr.numel() - 1),
+    }
+
+
+def save_kv(call: VerifyCall) -> None:
+    """Save the drafts' KV to the pool with SGLang's own code, as forward_extend does
+    (the predicates guarantee no KV scales and no DCP)."""
+    if call.k is None or not call.save_kv_cache:
+        return
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    loc_info = KVWriteLoc.for_batch(call.forward_batch, swa_loc=getattr(call.metadata, "swa_out_cache_loc", None))
+    call.backend._set_kv_buffer(call.forward_batch, call.layer, loc_info, call.k, call.v)
+
+
+def _launch(a: dict[str, Any]) -> None:
+    from kdtree_engine.kernel.op import verify_attention
+
+    verify_attention(
+        a["q"], a["k_ext"], a["kv_buffer"], a["qo_indptr"], a["kv_indptr"], a["kv_indices"],
+        a["custom_mask"], a["mask_indptr"], a["sm_scale"], a["max_n"],
+        out=a["out"], prefix_lens_cpu=a["prefix_lens_cpu"],
+    )
+
+
+def run_verify(original: Callable[..., Any], call: VerifyCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Save KV as SGLang does, then the kernel; fall back to SGLang's path on any refusal."""
+    from kdtree_engine.kernel.op import VerifyArgumentError
+
+    backend = call.backend
+    if _runtime.ensure_library() is None:
+        _runtime.note(_runtime.disabled_reason or "kernel library failed to load", logging.WARNING)
+        return original(backend, *args, **kwargs)
+    ok, why = _runtime.device_ok(call.q.device)
+    if not ok:
+        _runtime.note(why, logging.WARNING)
+        return original(backend, *args, **kwargs)
+    try:
+        a = prepare(call)
+    except Exception as e:  # noqa: BLE001 - a layout SGLang's path handles and ours does not
+        _runtime.note(f"cannot build the kernel's arguments: {type(e).__name__}: {e}", logging.WARNING)
+        return original(backend, *args, **kwargs)
+    save_kv(call)
+    try:
+        _launch(a)
+    except VerifyArgumentError as e:  # this batch only; the KV is saved already
+        _runtime.note(f"kernel refused the batch: {e}", logging.WARNING)
+        return _original_without_save(original, call)
+    except Exception as e:  # noqa: BLE001 - library/arch/launch failure: keep serving via SGLang
+        _runtime.disable(f"kernel failed: {type(e).__name__}: {e}")
+        _runtime.note(_runtime.disabled_reason or str(e), logging.WARNING)
+        return _original_without_save(original, call)
+    with _runtime.lock:
+        _runtime.kernel_calls += 1
+    return a["o"]
+
+
+def _original_without_save(original: Callable[..., Any], call: VerifyCall) -> Any:
+    return original(
+        call.backend, call.q, call.k, call.v, call.layer, call.forward_batch,
+        save_kv_cache=False, sinks=call.sinks, score_mod=call.score_mod, aux_tensors=call.aux_tensors,
+    )

@@ -1,0 +1,137 @@
+"""invoke tasks: ``invoke phase0`` .. ``invoke phase5``, ``invoke status``, ``invoke plan``.
+
+Only orchestration lives here; the logic is in ``kdtree_engine.pipeline``.
+Settings come from invoke.yaml (overridable as ``INVOKE_KDTREE_*``).
+A refusal exits 2 with one sentence; a failed gate exits 1.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from invoke import Context, Exit, task
+
+from kdtree_engine.pipeline import plan as _plan
+from kdtree_engine.pipeline import run as _run
+from kdtree_engine.pipeline.phases import Gate
+
+ROOT = Path(__file__).resolve().parent
+PHASE_HELP = {
+    "evidence": "record from evidence made elsewhere (a folder of <gate>.json); runs no gate",
+    "no_commit": "write the plan files but do not commit them",
+    "override": "record even though earlier phases are not done (the plan says so)",
+    "no_venv": "run the gates with `nox --no-venv` (a host that cannot make venvs)",
+}
+
+
+def _settings(c: Context) -> Mapping:
+    return c.config.get("kdtree", {})
+
+
+def _runner(c: Context) -> _run.GateRunner:
+    """Run each gate with ``c.run`` so invoke's echo/hide settings apply."""
+
+    def run(gate: Gate, env: Mapping[str, str], no_venv: bool) -> int:
+        cmd = shlex.join(_run.nox_command(gate, no_venv=no_venv))
+        return c.run(cmd, env=dict(env), replace_env=True, warn=True, pty=False).exited
+
+    return run
+
+
+def _phase(c: Context, n: int, evidence: str, no_commit: bool, override: bool, no_venv: bool) -> None:
+    settings = _settings(c)
+    commit = not no_commit and bool(settings.get("commit", True))
+    no_venv = no_venv or bool(settings.get("nox_no_venv", False)) or _run.no_venv_default()
+    try:
+        if evidence:
+            result = _run.record_phase(n, Path(evidence), commit=commit, override=override, root=ROOT)
+        else:
+            ev_dir = settings.get("evidence_dir")
+            result = _run.run_phase(
+                n,
+                ROOT / ev_dir if ev_dir else None,
+                commit=commit,
+                override=override,
+                no_venv=no_venv,
+                root=ROOT,
+                runner=_runner(c),
+            )
+    except _run.REFUSALS as e:
+        raise Exit(f"invoke phase{n}: {e}", code=2) from None
+    except _run.GateFailed as e:
+        raise Exit(f"invoke phase{n}: {e}", code=1) from None
+    _report(result, commit)
+
+
+def _report(result: _run.PhaseResult, commit: bool) -> None:
+    subject = result.message.splitlines()[0]
+    if result.commit:
+        print(f"committed {result.commit[:12]}: {subject}")
+    elif result.skipped:
+        print(f"plan unchanged, nothing to commit ({subject})")
+    elif not commit:
+        print(f"wrote {result.plan_path.relative_to(ROOT)} (not committed): {subject}")
+
+
+@task(help=PHASE_HELP, auto_shortflags=False)
+def phase0(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           no_venv: bool = False) -> None:
+    """Phase 0, build + oracle baseline: gates build, oracle-selftest (CPU)."""
+    _phase(c, 0, evidence, no_commit, override, no_venv)
+
+
+@task(help=PHASE_HELP, auto_shortflags=False)
+def phase1(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           no_venv: bool = False) -> None:
+    """Phase 1, kernel in isolation: gates build, oracle, bench --suite micro (GPU)."""
+    _phase(c, 1, evidence, no_commit, override, no_venv)
+
+
+@task(help=PHASE_HELP, auto_shortflags=False)
+def phase2(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           no_venv: bool = False) -> None:
+    """Phase 2, SGLang integration: gates oracle, integrate (GPU)."""
+    _phase(c, 2, evidence, no_commit, override, no_venv)
+
+
+@task(help=PHASE_HELP, auto_shortflags=False)
+def phase3(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           no_venv: bool = False) -> None:
+    """Phase 3, long-context performance + smoke: gates bench --suite long-context, smoke (GPU)."""
+    _phase(c, 3, evidence, no_commit, override, no_venv)
+
+
+@task(help=PHASE_HELP, auto_shortflags=False)
+def phase4(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           no_venv: bool = False) -> None:
+    """Phase 4, CUDA-graph safety: gate graph (GPU)."""
+    _phase(c, 4, evidence, no_commit, override, no_venv)
+
+
+@task(help=PHASE_HELP, auto_shortflags=False)
+def phase5(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           no_venv: bool = False) -> None:
+    """Phase 5, KV defrag: gate defrag (GPU)."""
+    _phase(c, 5, evidence, no_commit, override, no_venv)
+
+
+@task
+def status(c: Context) -> None:
+    """Show the phases and gates of the plan (read-only)."""
+    try:
+        state = _plan.load_state(_plan.plan_paths(ROOT)[0])
+    except _run.REFUSALS as e:
+        raise Exit(f"invoke status: {e}", code=2) from None
+    print(_plan.status_table(state), end="")
+
+
+@task(help={"commit": "commit the re-rendered plan files (only those)"})
+def plan(c: Context, commit: bool = False) -> None:
+    """Re-render the plan markdown from its state file; --commit to commit it."""
+    try:
+        result = _run.render_plan(commit=commit, root=ROOT)
+    except _run.REFUSALS as e:
+        raise Exit(f"invoke plan: {e}", code=2) from None
+    _report(result, commit)

@@ -1,0 +1,199 @@
+"""run_phase / record_phase in real temporary git repositories, with a stand-in
+gate runner that writes real evidence records for the temporary tree."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from kdtree_engine.pipeline import evidence, plan
+from kdtree_engine.pipeline.phases import PHASES, Gate, PhaseError
+from kdtree_engine.pipeline.run import GateFailed, PipelineError, record_phase, run_phase
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run a real git command in ``repo`` and return its stdout."""
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _snapshot(root: Path) -> tuple[str, str, dict[str, bytes | None]]:
+    files = {p.name: (p.read_bytes() if p.exists() else None) for p in plan.plan_paths(root)}
+    return git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain"), files
+
+
+class FakeRunner:
+    """Writes a real evidence record per gate; ``fail`` names gates that fail,
+    ``silent`` gates that pass without writing anything."""
+
+    def __init__(self, root: Path, fail: tuple[str, ...] = (), silent: tuple[str, ...] = ()):
+        self.root, self.fail, self.silent, self.calls = root, fail, silent, []
+
+    def __call__(self, gate: Gate, env: Mapping[str, str], no_venv: bool) -> int:
+        self.calls.append((gate.stem, no_venv))
+        if gate.stem in self.silent:
+            return 0
+        ok = gate.stem not in self.fail
+        rec = evidence.make_record(gate.gate, ok, {"ms": 1.25}, f"{gate.stem} ok" if ok else "bad",
+                                   variant=gate.variant, device=None, root=self.root)
+        evidence.write_record(rec, env["KDTREE_EVIDENCE_DIR"])
+        return 0 if ok else 1
+
+
+def write_evidence(root: Path, directory: Path, n: int, **override) -> None:
+    for g in PHASES[n].gates:
+        rec = evidence.make_record(g.gate, True, {"ms": 2.0}, f"{g.stem} fine", variant=g.variant,
+                                   device={"name": "NVIDIA H200", "capability": "9.0"}, root=root)
+        rec.update(override)
+        evidence.write_record(rec, directory)
+
+
+def test_phase0_runs_gates_and_commits_plan(project_repo):
+    runner = FakeRunner(project_repo)
+    result = run_phase(0, project_repo / "build" / "ev", root=project_repo, runner=runner,
+                       no_venv=True, log=lambda s: None)
+    assert runner.calls == [("build", True), ("oracle-selftest", True)]
+    assert result.commit == git(project_repo, "rev-parse", "HEAD").strip()
+    files = git(project_repo, "show", "--name-only", "--format=", "HEAD").split()
+    assert sorted(files) == sorted(f"plans/{p.name}" for p in plan.plan_paths(project_repo))
+    subject, body = git(project_repo, "log", "-1", "--format=%s%n%b").split("\n", 1)
+    assert subject == ("plans/0002: mark Phase 0 done; remaining = kernel in isolation + "
+                       "sglang integration + long-context performance + smoke + "
+                       "cuda-graph safety + defrag")
+    initial = git(project_repo, "rev-parse", "HEAD~1").strip()
+    assert f"- build: build ok (evidence commit {initial[:12]}" in body
+    state = plan.load_state(plan.plan_paths(project_repo)[0])
+    assert state["phases"][0]["status"] == "done"
+    assert state["phases"][0]["code_commit"] == initial
+
+
+def test_stops_at_first_failed_gate(project_repo):
+    runner = FakeRunner(project_repo, fail=("build",))
+    before = _snapshot(project_repo)
+    with pytest.raises(GateFailed, match="gate build failed"):
+        run_phase(0, project_repo / "build" / "ev", root=project_repo, runner=runner,
+                  log=lambda s: None)
+    assert [c[0] for c in runner.calls] == ["build"]
+    assert _snapshot(project_repo) == before
+
+
+def test_gate_that_writes_no_evidence_fails(project_repo):
+    ev = project_repo / "build" / "ev"
+    write_evidence(project_repo, ev, 0)  # an old passing record must not be reused
+    runner = FakeRunner(project_repo, silent=("oracle-selftest",))
+    with pytest.raises(GateFailed, match="oracle-selftest exited 0 but wrote no evidence"):
+        run_phase(0, ev, root=project_repo, runner=runner, log=lambda s: None)
+
+
+def test_gpu_phase_without_cuda_changes_nothing(project_repo):
+    runner = FakeRunner(project_repo)
+    before = _snapshot(project_repo)
+    with pytest.raises(GateFailed, match="phase 1 needs a CUDA GPU"):
+        run_phase(1, root=project_repo, runner=runner, has_cuda=lambda: False)
+    assert runner.calls == [] and _snapshot(project_repo) == before
+
+
+def test_record_from_evidence_elsewhere(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev0", 0)
+    write_evidence(project_repo, tmp_path / "ev1", 1)
+    record_phase(0, tmp_path / "ev0", root=project_repo)
+    result = record_phase(1, tmp_path / "ev1", root=project_repo)
+    assert result.message.startswith("plans/0002: mark Phase 0-1 done; remaining = sglang")
+    md = plan.plan_paths(project_repo)[1].read_text()
+    assert "| 1 | kernel in isolation | done |" in md and "NVIDIA H200 (sm 9.0)" in md
+
+
+def test_wrong_content_hash_is_refused_naming_both(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    old = evidence.content_hash(project_repo)
+    (project_repo / "csrc" / "kernel.cu").write_text("// changed after the gates ran\n")
+    git(project_repo, "commit", "-qam", "change kernel")
+    new = evidence.content_hash(project_repo)
+    before = _snapshot(project_repo)
+    with pytest.raises(PipelineError) as e:
+        record_phase(0, tmp_path / "ev", root=project_repo)
+    assert old in str(e.value) and new in str(e.value) and old != new
+    assert _snapshot(project_repo) == before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_evidence_is_refused(project_repo, tmp_path, damage):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    path = tmp_path / "ev" / "oracle-selftest.json"
+    text = path.read_text()
+    path.write_text({"truncate": text[: len(text) // 2], "garbage": "\x00\x01{", "empty": ""}[damage])
+    before = _snapshot(project_repo)
+    with pytest.raises(evidence.EvidenceError, match="oracle-selftest.json: not valid JSON"):
+        record_phase(0, tmp_path / "ev", root=project_repo)
+    assert _snapshot(project_repo) == before
+
+
+def test_evidence_of_another_gate_or_failed_is_refused(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    rec = evidence.load_record(tmp_path / "ev" / "build.json")
+    rec["gate"] = "oracle"
+    evidence.write_record(rec, tmp_path / "other")
+    (tmp_path / "other" / "oracle.json").rename(tmp_path / "ev" / "build.json")
+    with pytest.raises(PipelineError, match="is for gate 'oracle', expected 'build'"):
+        record_phase(0, tmp_path / "ev", root=project_repo)
+    write_evidence(project_repo, tmp_path / "ev2", 0, passed=False, reason="nvcc not found")
+    with pytest.raises(PipelineError, match=r"gate build failed \(nvcc not found\)"):
+        record_phase(0, tmp_path / "ev2", root=project_repo)
+    with pytest.raises(PipelineError, match="no evidence for gate build"):
+        record_phase(0, tmp_path / "empty", root=project_repo)
+
+
+def test_predecessors_not_done_then_override(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 2)
+    before = _snapshot(project_repo)
+    with pytest.raises(PipelineError, match=r"phase\(s\) 0 \(build \+ oracle baseline\), 1 "):
+        record_phase(2, tmp_path / "ev", root=project_repo)
+    assert _snapshot(project_repo) == before
+    record_phase(2, tmp_path / "ev", root=project_repo, override=True)
+    state = plan.load_state(plan.plan_paths(project_repo)[0])
+    assert state["phases"][2]["override"] and state["phases"][2]["override_missing"] == [0, 1]
+    assert "Recorded with `--override` while phase(s) 0, 1 were not done." in (
+        plan.plan_paths(project_repo)[1].read_text())
+
+
+def test_dirty_sources_are_refused(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    (project_repo / "src" / "kdtree_engine" / "new.py").write_text("x = 1\n")
+    before = _snapshot(project_repo)
+    with pytest.raises(PipelineError, match="src/ differ from HEAD"):
+        record_phase(0, tmp_path / "ev", root=project_repo)
+    assert _snapshot(project_repo) == before
+
+
+def test_no_commit_writes_plan_only(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    head = git(project_repo, "rev-parse", "HEAD")
+    result = record_phase(0, tmp_path / "ev", root=project_repo, commit=False)
+    assert result.commit is None and git(project_repo, "rev-parse", "HEAD") == head
+    assert "?? plans/" in git(project_repo, "status", "--porcelain")
+
+
+def test_unknown_phase(project_repo):
+    with pytest.raises(PhaseError, match="unknown phase 9"):
+        run_phase(9, root=project_repo)
+
+
+def test_real_noxfile_gpu_session_fails_without_cuda():
+    """The project's own noxfile: a GPU gate on a CPU machine fails, never skips."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU failure")
+    out = subprocess.run([sys.executable, "-m", "nox", "--no-venv", "-s", "graph"], cwd=PROJECT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "gate graph needs a CUDA GPU" in out.stdout + out.stderr
+    listed = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=PROJECT, capture_output=True,
+                            text=True, timeout=120).stdout
+    assert "* tests" in listed and "- oracle-selftest" in listed and "- graph [gpu]" in listed

@@ -1,0 +1,144 @@
+"""Fallback predicates of the SGLang plugin, on SGLang's real layer, pool and forward modes (CPU)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kdtree_engine.sglang import _standins, fallback
+from kdtree_engine.sglang.fallback import VerifyCall
+
+_standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
+
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+T, H, N = 8, 16, 4
+
+
+def make_layer(**over) -> RadixAttention:
+    layer = RadixAttention(num_heads=H, head_dim=576, scaling=576**-0.5, num_kv_heads=1, layer_id=0, v_head_dim=512)
+    for k, v in over.items():
+        setattr(layer, k, v)
+    return layer
+
+
+def make_call(**over) -> VerifyCall:
+    """A TARGET_VERIFY call every predicate accepts; ``over`` replaces fields."""
+    pool = SimpleNamespace(dtype=torch.bfloat16, store_dtype=torch.bfloat16)
+    meta = SimpleNamespace(qo_indptr=torch.arange(0, 3 * N, N, dtype=torch.int32),
+                           kv_indptr=torch.tensor([0, 5, 9], dtype=torch.int32),
+                           kv_indices=torch.arange(9), custom_mask=torch.ones(64, dtype=torch.bool),
+                           mask_indptr=torch.tensor([0, 36, 88]), max_extend_len=N)
+    backend = SimpleNamespace(use_mla=True, token_to_kv_pool=pool, dcp_size=1, forward_metadata=meta,
+                              dllm_attention=None, enable_deterministic=False, use_verify_shared_kv=False,
+                              use_verify_splitkv=False, use_dense_fp8_chunked_prefill=False,
+                              use_sliding_window_kv_pool=False)
+    k = torch.zeros(T, 1, 576, dtype=torch.bfloat16)
+    call = VerifyCall(backend=backend, q=torch.zeros(T, H * 576, dtype=torch.bfloat16), k=k, v=k[..., :512],
+                      layer=make_layer(), forward_batch=SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY))
+    return replace(call, **over)
+
+
+def test_a_plain_mla_verify_call_is_accepted():
+    assert fallback.evaluate(make_call()) == (True, "", logging.DEBUG)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.IDLE])
+def test_other_forward_modes_are_refused_at_info(mode):
+    ok, reason, level = fallback.evaluate(make_call(forward_batch=SimpleNamespace(forward_mode=mode)))
+    assert not ok and "not a TARGET_VERIFY forward" in reason and mode.name in reason
+    assert level == logging.INFO
+
+
+def _backend(**over):
+    b = make_call().backend
+    return SimpleNamespace(**{**vars(b), **over})
+
+
+def _pool(dtype, store=None):
+    return SimpleNamespace(dtype=dtype, store_dtype=store or dtype)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda: {"backend": _backend(use_mla=False)}, "not an MLA model"),
+        (lambda: {"layer": make_layer(qk_head_dim=192, v_head_dim=128)}, "head dims 192/128"),
+        (lambda: {"q": torch.zeros(T, H * 576, dtype=torch.float16)}, "q dtype torch.float16"),
+        (lambda: {"backend": _backend(token_to_kv_pool=_pool(torch.float8_e4m3fn, torch.uint8))}, "fp8 KV cache"),
+        (lambda: {"backend": _backend(token_to_kv_pool=_pool(torch.float16))}, "KV cache dtype"),
+        (lambda: {"layer": make_layer(k_scale=torch.tensor(1.0))}, "scaled KV cache"),
+        (lambda: {"layer": make_layer(sliding_window_size=4096)}, "sliding window"),
+        (lambda: {"backend": _backend(use_sliding_window_kv_pool=True)}, "sliding-window KV pool"),
+        (lambda: {"layer": make_layer(logit_cap=30.0)}, "logit cap"),
+        (lambda: {"sinks": torch.zeros(H)}, "sinks"),
+        (lambda: {"score_mod": object()}, "score_mod"),
+        (lambda: {"layer": make_layer(xai_temperature_len=1024)}, "xai temperature"),
+        (lambda: {"backend": _backend(dcp_size=2)}, "dcp_size 2"),
+        (lambda: {"layer": make_layer(attn_type=AttentionType.ENCODER_ONLY)}, "non-causal"),
+        (lambda: {"layer": make_layer(is_cross_attention=True)}, "cross attention"),
+        (lambda: {"backend": _backend(enable_deterministic=True)}, "deterministic"),
+        (lambda: {"backend": _backend(dllm_attention=object())}, "diffusion-LM"),
+        (lambda: {"backend": _backend(use_verify_splitkv=True)}, "split-KV verify"),
+        (lambda: {"v": None}, "only one of k and v"),
+        (lambda: {"k": torch.zeros(2 * T, 1, 576, dtype=torch.bfloat16),
+                  "v": torch.zeros(2 * T, 1, 512, dtype=torch.bfloat16)}, "one-shot MHA"),
+        (lambda: {"backend": _backend(forward_metadata=SimpleNamespace(**{**vars(make_call().metadata),
+                                                                          "custom_mask": None}))},
+         "custom_mask is None"),
+        (lambda: {"layer": make_layer(tp_q_head_num=160)}, "160 query heads"),
+        (lambda: {"backend": _backend(forward_metadata=SimpleNamespace(**{**vars(make_call().metadata),
+                                                                          "max_extend_len": 129}))},
+         "129 draft tokens"),
+    ],
+)
+def test_unsupported_verify_calls_are_refused_with_a_reason(change, needle):
+    ok, reason, level = fallback.evaluate(make_call(**change()))
+    assert not ok
+    assert needle in reason
+    assert level == (logging.INFO if needle == "not an MLA model" else logging.WARNING)
+
+
+def test_k_and_v_both_none_is_accepted():
+    """SGLang then reads the drafts' latents back from the pool; the plugin does the same."""
+    assert fallback.evaluate(make_call(k=None, v=None))[0]
+
+
+def test_library_failure_is_reported_not_raised(monkeypatch, tmp_path):
+    monkeypatch.setenv("KDTREE_LIB", str(tmp_path / "missing.so"))
+    ok, reason, lib = fallback.library_status()
+    assert not ok and lib is None
+    assert "kernel library failed to load" in reason and "missing.so" in reason
+
+
+@pytest.mark.parametrize(
+    ("archs", "cap", "ok"),
+    [("sm_90,sm_120", (9, 0), True), ("sm_90a", (9, 0), True), ("sm_120", (9, 0), False),
+     ("sm_90,sm_120", (10, 0), False), ("sm_80,compute_90", (12, 0), True), ("", (9, 0), True)],
+)
+def test_device_support_follows_the_library_build_info(archs, cap, ok):
+    got, reason = fallback.device_supported(SimpleNamespace(archs=archs), cap)
+    assert got is ok
+    assert (reason == "") is ok
+    if not ok:
+        assert f"sm_{cap[0]}{cap[1]}" in reason
+
+
+def test_the_predicates_read_attributes_the_real_triton_backend_sets():
+    """Guard against SGLang renaming what the predicates read (they would then refuse every call)."""
+    import inspect
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    src = inspect.getsource(TritonAttnBackend)
+    for name in ("use_mla", "token_to_kv_pool", "dcp_size", "forward_metadata", "enable_deterministic",
+                 "use_verify_shared_kv", "use_verify_splitkv", "use_dense_fp8_chunked_prefill",
+                 "use_sliding_window_kv_pool", "dllm_attention"):
+        assert f"self.{name} =" in src, name

@@ -1,0 +1,335 @@
+"""The SGLang plugin against the real SGLang package on CPU: entry point, switch, hook, routing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kdtree_engine.sglang import _standins, plugin
+
+_standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
+
+import sglang.srt.plugins as sglang_plugins  # noqa: E402
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+# Kept in a dict: HookRegistry rebinds every *module attribute* that holds the original function.
+_SAVED = {"forward_extend": TritonAttnBackend.__dict__["forward_extend"]}
+FAKE_LIB = SimpleNamespace(path="/fake/libkdtree_verify.so", archs="sm_90,sm_120")
+
+
+@pytest.fixture
+def clean(monkeypatch):
+    """Fresh plugin/hook state; the real class restored afterwards."""
+    saved_hooks = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    saved_patched = set(HookRegistry._patched)
+    HookRegistry.reset()
+    monkeypatch.setattr(sglang_plugins, "_plugins_loaded", False)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.delenv(plugin.ENV, raising=False)
+    plugin._runtime.reset()
+    yield
+    TritonAttnBackend.forward_extend = _SAVED["forward_extend"]
+    HookRegistry.reset()
+    HookRegistry._hooks.update(saved_hooks)
+    HookRegistry._patched.update(saved_patched)
+    plugin._runtime.reset()
+
+
+@pytest.fixture
+def fake_library(monkeypatch):
+    """The kernel library as if built (CI's CPU box may have none)."""
+    monkeypatch.setattr(plugin.fallback, "library_status", lambda: (True, "", FAKE_LIB))
+
+
+def hooked() -> bool:
+    f, original = TritonAttnBackend.__dict__["forward_extend"], _SAVED["forward_extend"]
+    return f is not original and getattr(f, "__wrapped__", None) is original
+
+
+# --- entry point and switch ---------------------------------------------------------------
+
+
+def test_entry_point_is_discoverable_in_sglangs_group():
+    eps = [ep for ep in importlib.metadata.entry_points(group=sglang_plugins.GENERAL_PLUGINS_GROUP)
+           if ep.name == "kdtree_verify"]
+    assert len(eps) == 1, "pip install -e . (the pyproject declares the entry point)"
+    assert eps[0].value == "kdtree_engine.sglang.plugin:load"
+    assert eps[0].load() is plugin.load
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, False), ("", False), ("off", False), ("OFF", False),
+                                           ("on", True), (" On ", True)])
+def test_read_switch(value, on):
+    assert plugin.read_switch({} if value is None else {plugin.ENV: value}) is on
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes", "onn", "kdtree"])
+def test_invalid_switch_names_the_variable_and_value(value):
+    with pytest.raises(plugin.KdtreeConfigError) as e:
+        plugin.read_switch({plugin.ENV: value})
+    assert "KDTREE_VERIFY" in str(e.value) and repr(value) in str(e.value) and "'on' or 'off'" in str(e.value)
+
+
+def test_load_plugins_with_on_hooks_the_real_method(clean, fake_library, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV, "on")
+    with caplog.at_level(logging.INFO):
+        sglang_plugins.load_plugins()
+    assert hooked()
+    target = HookRegistry._hooks[plugin.TARGET]
+    assert [(t, h) for t, h, _ in target] == [(HookType.AROUND, plugin.verify_hook)]
+    assert plugin.TARGET in HookRegistry._patched
+    assert plugin.status()["enabled"] is True
+    assert "kdtree verify: hook registered on TritonAttnBackend.forward_extend" in caplog.text
+
+
+@pytest.mark.parametrize("value", [None, "off"])
+def test_load_plugins_with_off_or_unset_registers_nothing(clean, fake_library, monkeypatch, caplog, value):
+    if value is not None:
+        monkeypatch.setenv(plugin.ENV, value)
+    with caplog.at_level(logging.INFO):
+        sglang_plugins.load_plugins()
+    assert not hooked()
+    assert plugin.TARGET not in HookRegistry._hooks
+    assert plugin.status()["enabled"] is False
+    assert "kdtree verify: off: KDTREE_VERIFY" in caplog.text
+
+
+def test_invalid_value_is_an_error_at_plugin_load(clean, fake_library, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV, "maybe")
+    with pytest.raises(plugin.KdtreeConfigError, match="KDTREE_VERIFY='maybe'"):
+        plugin.load()
+    # Through SGLang's loader the error is logged with its traceback (SGLang catches plugin errors).
+    with caplog.at_level(logging.INFO):
+        sglang_plugins.load_plugins()
+    assert "Failed to execute general plugin: kdtree_verify" in caplog.text
+    assert "KDTREE_VERIFY='maybe' is not valid" in caplog.text
+    assert not hooked()
+
+
+def test_missing_kernel_library_keeps_sglangs_path(clean, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv(plugin.ENV, "on")
+    monkeypatch.setenv("KDTREE_LIB", str(tmp_path / "nope.so"))
+    with caplog.at_level(logging.INFO):
+        sglang_plugins.load_plugins()
+    assert not hooked()
+    assert "kdtree verify: off: kernel library failed to load" in caplog.text
+    assert plugin.status()["enabled"] is False
+
+
+# --- signature check ---------------------------------------------------------------------------
+
+
+def test_real_forward_extend_has_the_expected_signature():
+    assert plugin.check_signature(_SAVED["forward_extend"]) == (True, "")
+
+
+def _changed(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
+             aux_tensors=None, new_flag=False):
+    raise AssertionError("never called")
+
+
+def _renamed(self, q, k, v, layer, batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None):
+    raise AssertionError("never called")
+
+
+@pytest.mark.parametrize(("func", "needle"), [(_changed, "new_flag=False"), (_renamed, "batch")])
+def test_changed_signature_is_refused(func, needle):
+    ok, reason = plugin.check_signature(func)
+    assert not ok and needle in reason and "not hooking" in reason
+
+
+def test_changed_signature_fails_loudly_and_does_not_hook(clean, fake_library, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV, "on")
+    monkeypatch.setattr(TritonAttnBackend, "forward_extend", _changed)
+    with caplog.at_level(logging.INFO):
+        sglang_plugins.load_plugins()
+    assert TritonAttnBackend.__dict__["forward_extend"] is _changed  # untouched
+    assert plugin.TARGET not in HookRegistry._hooks
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "kdtree_engine.sglang"]
+    assert errors and "new_flag" in errors[0].getMessage()
+
+
+def test_missing_method_fails_loudly(clean, fake_library, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV, "on")
+    monkeypatch.delattr(TritonAttnBackend, "forward_extend")
+    with caplog.at_level(logging.ERROR):
+        plugin.load()
+    assert "has no TritonAttnBackend.forward_extend" in caplog.text
+    assert plugin.TARGET not in HookRegistry._hooks
+
+
+# --- routing ------------------------------------------------------------------------------------
+
+H, N, BS = 16, 4, 2
+T = N * BS
+
+
+class Original:
+    """Stands for SGLang's forward_extend: records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, backend, *args, **kwargs):
+        self.calls.append((backend, args, kwargs))
+        return "sglang-result"
+
+
+class FakeBackend:
+    """The attributes and the save path of SGLang's TritonAttnBackend (its real _set_kv_buffer)."""
+
+    _set_kv_buffer = TritonAttnBackend._set_kv_buffer
+
+    def __init__(self, pool, metadata):
+        self.use_mla, self.dcp_size, self.token_to_kv_pool, self.forward_metadata = True, 1, pool, metadata
+        self.dllm_attention, self.enable_deterministic = None, False
+        self.use_verify_shared_kv = self.use_verify_splitkv = self.use_dense_fp8_chunked_prefill = False
+        self.use_sliding_window_kv_pool = False
+
+
+def make_verify(mode=ForwardMode.TARGET_VERIFY, qo_dtype=torch.int64):
+    pool = MLATokenToKVPool(size=64, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
+                            layer_num=1, device="cpu", enable_memory_saver=False)
+    prefix = (5, 3)
+    meta = SimpleNamespace(
+        qo_indptr=torch.arange(0, (BS + 1) * N, N, dtype=qo_dtype),  # CUDA-graph buffers are int64
+        kv_indptr=torch.tensor([0, 5, 8], dtype=torch.int32), kv_indices=torch.arange(10, 18),
+        custom_mask=torch.ones(sum(N * (p + N) for p in prefix), dtype=torch.uint8),
+        mask_indptr=torch.tensor([0, N * (5 + N), N * (5 + N) + N * (3 + N)], dtype=torch.int32),
+        max_extend_len=N, swa_out_cache_loc=None)
+    fb = SimpleNamespace(forward_mode=mode, out_cache_loc=torch.tensor([40, 33, 47, 41, 52, 60, 35, 44]),
+                         out_cache_loc_is_physical=False, seq_lens_cpu=torch.tensor(prefix, dtype=torch.int32))
+    layer = RadixAttention(num_heads=H, head_dim=576, scaling=576**-0.5, num_kv_heads=1, layer_id=0, v_head_dim=512)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(T, H * 576, generator=g).to(torch.bfloat16)
+    k = torch.randn(T, 1, 576, generator=g).to(torch.bfloat16)
+    return FakeBackend(pool, meta), q, k, k[..., :512], layer, fb
+
+
+@pytest.fixture
+def runtime_on(monkeypatch, fake_library):
+    plugin._runtime.reset()
+    monkeypatch.setattr(plugin._runtime, "device_ok", lambda device: (True, ""))
+    launched = []
+    monkeypatch.setattr(plugin, "_launch", lambda a: (launched.append(a), a["out"].fill_(1.5)))
+    with get_parallel().override(dcp_enabled=False):
+        yield launched
+    plugin._runtime.reset()
+
+
+def test_non_verify_calls_go_to_the_original_unchanged(runtime_on):
+    backend, q, k, v, layer, fb = make_verify(mode=ForwardMode.EXTEND)
+    orig = Original()
+    got = plugin.verify_hook(orig, backend, q, k, v, layer, fb, save_kv_cache=True, sinks=None)
+    assert got == "sglang-result"
+    (b, args, kwargs), = orig.calls
+    assert b is backend and args[0] is q and args[3] is layer and kwargs == {"save_kv_cache": True, "sinks": None}
+    assert runtime_on == []
+    assert "not a TARGET_VERIFY forward (EXTEND)" in plugin.status()["fallbacks"]
+
+
+def test_unexpected_arguments_go_to_the_original(runtime_on):
+    backend, q, k, v, layer, fb = make_verify()
+    orig = Original()
+    assert plugin.verify_hook(orig, backend, q, k, v, layer, fb, bogus=1) == "sglang-result"
+    assert orig.calls[0][2] == {"bogus": 1} and runtime_on == []
+
+
+def test_verify_call_saves_kv_like_sglang_and_returns_sglangs_output_layout(runtime_on):
+    backend, q, k, v, layer, fb = make_verify()
+    orig = Original()
+    o = plugin.verify_hook(orig, backend, q, k, v, layer, fb)
+    assert orig.calls == []
+    assert isinstance(o, torch.Tensor) and o.shape == (T, H * 512) and o.dtype == torch.bfloat16
+    assert torch.all(o == 1.5)  # what the (stubbed) kernel wrote into SGLang's output tensor
+    pool = backend.token_to_kv_pool.get_key_buffer(0)
+    assert torch.equal(pool[fb.out_cache_loc], k)  # saved by SGLang's own _set_kv_buffer
+    (a,) = runtime_on
+    assert a["q"].shape == (T, H, 576) and a["q"].data_ptr() == q.data_ptr()
+    assert a["out"].data_ptr() == o.data_ptr() and a["out"].shape == (T, H, 512)
+    assert a["kv_buffer"] is pool
+    assert a["qo_indptr"].dtype == torch.int32 and a["qo_indptr"].tolist() == [0, 4, 8]
+    assert a["mask_indptr"].dtype == torch.int64 and a["kv_indices"] is backend.forward_metadata.kv_indices
+    assert a["custom_mask"] is backend.forward_metadata.custom_mask
+    assert a["max_n"] == N and a["sm_scale"] == pytest.approx(576**-0.5)
+    assert a["prefix_lens_cpu"].tolist() == [5, 3]
+    assert plugin.status()["kernel_calls"] == 1
+
+
+def test_attn_output_buffer_is_honoured(runtime_on):
+    backend, q, k, v, layer, fb = make_verify()
+    fb._attn_output = torch.zeros(T, H * 512, dtype=torch.bfloat16)
+    o = plugin.verify_hook(Original(), backend, q, k, v, layer, fb)
+    assert o is fb._attn_output and torch.all(o == 1.5)
+
+
+def test_k_none_reads_the_drafts_back_from_the_pool(runtime_on):
+    backend, q, k, v, layer, fb = make_verify()
+    pool = backend.token_to_kv_pool.get_key_buffer(0)
+    pool[fb.out_cache_loc] = k
+    plugin.verify_hook(Original(), backend, q, None, None, layer, fb, save_kv_cache=False)
+    assert torch.equal(runtime_on[0]["k_ext"], k)
+
+
+def test_kernel_refusing_a_batch_falls_back_with_a_warning(runtime_on, monkeypatch, caplog):
+    from kdtree_engine.kernel.op import VerifyArgumentError
+
+    def refuse(a):
+        raise VerifyArgumentError("verify_attention: argument 'kv_buffer': expected X, got Y")
+
+    monkeypatch.setattr(plugin, "_launch", refuse)
+    backend, q, k, v, layer, fb = make_verify()
+    orig = Original()
+    with caplog.at_level(logging.WARNING):
+        assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+        assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    assert len(orig.calls) == 2 and all(c[2]["save_kv_cache"] is False for c in orig.calls)  # KV already saved
+    assert torch.equal(backend.token_to_kv_pool.get_key_buffer(0)[fb.out_cache_loc], k)
+    assert caplog.text.count("kernel refused the batch") == 1  # once per distinct reason
+    assert plugin.status()["disabled_reason"] is None
+
+
+def test_kernel_failure_switches_the_kernel_off_for_the_process(runtime_on, monkeypatch, caplog):
+    def boom(a):
+        raise RuntimeError("kdtree verify kernel failed (code 3): no kernel image for this device")
+
+    monkeypatch.setattr(plugin, "_launch", boom)
+    backend, q, k, v, layer, fb = make_verify()
+    orig = Original()
+    with caplog.at_level(logging.WARNING):
+        assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    monkeypatch.setattr(plugin, "_launch", lambda a: pytest.fail("kernel called after it was switched off"))
+    assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    assert "no kernel image" in plugin.status()["disabled_reason"]
+    assert "kdtree verify: off: kernel failed" in caplog.text
+
+
+def test_unsupported_verify_batch_goes_to_the_original(runtime_on, caplog):
+    backend, q, k, v, layer, fb = make_verify()
+    backend.forward_metadata.max_extend_len = 200
+    orig = Original()
+    with caplog.at_level(logging.WARNING):
+        assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    assert runtime_on == [] and "200 draft tokens per request not supported" in caplog.text
+
+
+def test_library_missing_at_runtime_falls_back(monkeypatch, caplog):
+    plugin._runtime.reset()
+    monkeypatch.setattr(plugin.fallback, "library_status", lambda: (False, "kernel library failed to load: x", None))
+    backend, q, k, v, layer, fb = make_verify()
+    orig = Original()
+    with caplog.at_level(logging.WARNING):
+        assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    assert "kernel library failed to load" in caplog.text
+    plugin._runtime.reset()
