@@ -97,7 +97,8 @@ def test_compare_case_accepts_bf16_rounding_and_rejects_real_differences():
 def _write_run(d, hooked, cases, kit_ok=True):
     d.mkdir()
     summary = {"hooked": hooked, "standins": {}, "plugin": {"reason": "x"}, "cases": {}, "kit": {
-        "kit-chain-n4": {"ok": kit_ok, "error": None if kit_ok else "AssertionError: boom"}}}
+        "kit-chain-n4": {"ok": kit_ok, "error": None if kit_ok else "AssertionError: boom",
+                         "kernel_calls": 2 if hooked else 0}}}
     for name, (res, info) in cases.items():
         torch.save(res, d / f"{name}.pt")
         summary["cases"][name] = info
@@ -121,6 +122,14 @@ def test_compare_runs_requires_the_kernel_on_and_the_hook_off(tmp_path):
     assert not ok
     assert any("the hook is installed" in p for p in problems)
     assert any("kit check kit-chain-n4 failed" in p for p in problems)
+
+    # a kit check that passed with the plugin on but never reached the kernel proves nothing
+    _write_run(tmp_path / "on3", True, {"c": (_result(out), {"us": 10.0, "kernel_calls": 1, "fallbacks": {}})})
+    summary = json.loads((tmp_path / "on3" / "summary.json").read_text())
+    summary["kit"]["kit-chain-n4"]["kernel_calls"] = 0
+    (tmp_path / "on3" / "summary.json").write_text(json.dumps(summary))
+    ok, problems, _ = integrate.compare_runs(tmp_path / "off", tmp_path / "on3")
+    assert not ok and any("passed without the kernel running" in p for p in problems)
 
 
 @pytest.mark.gpu

@@ -11,6 +11,10 @@
    bit, an eager call on the same buffers, and match the fp32 reference.
 3. Bad steps (a larger batch, a longer prefix, another draft count, a
    reallocated buffer) are refused on the host before anything is written.
+4. Through SGLang's real TritonAttnBackend (its kit's CUDA-graph TARGET_VERIFY
+   runner: capture at a padded batch, replay with new metadata), plugin off and
+   on in separate processes: both pass SGLang's own checks, and with the plugin
+   on the kernel ran inside the captured graph.
 """
 
 from __future__ import annotations
@@ -140,12 +144,39 @@ def run(max_prefix: int, seed: int) -> tuple[bool, dict, list[dict]]:
     vg.load(_step(pool, [max_prefix] * max_bs, n, heads, "eagle", 5, sm_scale))
     t_replay = med(vg.replay)
     t_eager = med(lambda: _eager_same_buffers(vg))
+    rows += sglang_graph_rows()
     passed = all(r["passed"] for r in rows)
     metrics = {"checks": len(rows), "failed": sum(not r["passed"] for r in rows),
                "replays_bitwise_equal_eager": sum(bool(r.get("bitwise_equal_eager")) for r in rows),
                "capacity": cap.__dict__, "timing_us": {"bs": max_bs, "prefix": max_prefix, "eager": round(t_eager, 1),
                                                        "replay": round(t_replay, 1)}}
     return passed, metrics, rows
+
+
+def sglang_graph_rows(timeout: float = 900.0) -> list[dict]:
+    """Through SGLang's real TritonAttnBackend: the kit's CUDA-graph TARGET_VERIFY checks
+    (capture at a padded batch, replay with new metadata) with KDTREE_VERIFY=off and =on,
+    each in its own process; with on, the kernel must have run inside the captured graph."""
+    import tempfile
+
+    from kdtree_engine.sglang import integrate
+
+    with tempfile.TemporaryDirectory(prefix="kdtree-graph-") as tmp:
+        out = Path(tmp)
+        _, failure = integrate.run_off_on(out, quick=False, timeout=timeout, kit_graph_only=True)
+        if failure:
+            return [{"check": "sglang backend: CUDA-graph verify, plugin off vs on", "passed": False,
+                     "message": failure}]
+        ok, problems, details = integrate.compare_runs(out / "off", out / "on", require_cases=False)
+    rows = []
+    for mode in ("off", "on"):
+        for name, k in details["kit"][mode].items():
+            rows.append({"check": f"sglang backend ({mode}): {name}", "kernel_calls": k.get("kernel_calls"),
+                         "passed": bool(k["ok"]) and (mode == "off" or bool(k.get("kernel_calls"))),
+                         "message": k.get("error") or f"kernel calls {k.get('kernel_calls')}"})
+    if not ok:
+        rows.append({"check": "sglang backend: plugin off vs on", "passed": False, "message": "; ".join(problems)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,7 +244,10 @@ def _sm_count(device_index: int) -> int:
 
 class _Workspaces:
     """One workspace per device, grown by doubling and never freed while the
-    process runs (a captured graph keeps the address it saw)."""
+    process runs: a captured graph keeps the address it saw, so every buffer a
+    capture may have used stays alive. Growth is rare (the first call, then
+    only a larger shape) and allowed during capture too (the buffer then comes
+    from the graph's pool and is kept like any other)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -256,13 +259,6 @@ class _Workspaces:
         with self._lock:
             ws = self._cur.get(idx)
             if ws is None or ws.numel() < nbytes:
-                if torch.cuda.is_current_stream_capturing():
-                    have = 0 if ws is None else ws.numel()
-                    raise VerifyArgumentError(
-                        f"verify_attention: the workspace ({have} bytes) is too small for this call "
-                        f"({nbytes} bytes) during CUDA-graph capture; run the largest shape once "
-                        "eagerly before capturing, or pass workspace="
-                    )
                 size = max(nbytes, 2 * (0 if ws is None else ws.numel()), 1 << 20)
                 ws = torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", idx))
                 self._cur[idx] = ws

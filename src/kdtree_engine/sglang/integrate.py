@@ -83,10 +83,14 @@ CASES: tuple[Case, ...] = (
     Case("tree-bs1-h16-n16-p64k-uint8", 16, 16, (65536,), "tree", "uint8", "shuffled_pages"),
 )
 QUICK = ("chain-bs1-h16-n8-p1000-bool", "tree-bs4-h16-n16-ragged-uint8", "chain-bs1-h8-n16-p64k-bool")
-#: The kit's own end-to-end checks (k/v read back from the pool): (name, topk, n, prefix_lens).
-KIT_CASES: tuple[tuple[str, int, int, tuple[int, ...]], ...] = (
-    ("kit-chain-n4", 1, 4, (5, 19)),
-    ("kit-tree-n3", 2, 3, (3, 40)),
+#: The kit's own end-to-end checks (k/v read back from the pool): (name, topk, n, prefix_lens,
+#: cuda_graph). The cuda_graph ones capture TARGET_VERIFY through the backend's
+#: init_forward_metadata_capture/replay_cuda_graph paths (batch padded to 4) and replay it.
+KIT_CASES: tuple[tuple[str, int, int, tuple[int, ...], bool], ...] = (
+    ("kit-chain-n4", 1, 4, (5, 19), False),
+    ("kit-tree-n3", 2, 3, (3, 40), False),
+    ("kit-graph-chain-n4", 1, 4, (5, 19), True),
+    ("kit-graph-tree-n3", 2, 3, (3, 40), True),
 )
 
 
@@ -134,7 +138,7 @@ def compare_case(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
             "speedup": off["us"] / on["us"] if on["us"] else None}
 
 
-def compare_runs(off_dir: Path, on_dir: Path) -> tuple[bool, list[str], dict[str, Any]]:
+def compare_runs(off_dir: Path, on_dir: Path, require_cases: bool = True) -> tuple[bool, list[str], dict[str, Any]]:
     """Compare two workers' results; returns (passed, problems, per-case details)."""
     problems: list[str] = []
     s_off = json.loads((off_dir / "summary.json").read_text())
@@ -164,7 +168,9 @@ def compare_runs(off_dir: Path, on_dir: Path) -> tuple[bool, list[str], dict[str
         for name, k in s["kit"].items():
             if not k["ok"]:
                 problems.append(f"{mode}: SGLang kit check {name} failed: {k['error']}")
-    if not cases:
+            elif mode == "on" and not k.get("kernel_calls"):
+                problems.append(f"on: SGLang kit check {name} passed without the kernel running")
+    if not cases and require_cases:
         problems.append("no case ran")
     return not problems, problems, {"cases": cases, "kit": {"off": s_off["kit"], "on": s_on["kit"]},
                                     "standins": {"off": s_off["standins"], "on": s_on["standins"]},
@@ -174,7 +180,8 @@ def compare_runs(off_dir: Path, on_dir: Path) -> tuple[bool, list[str], dict[str
 # --- the gate (parent) -----------------------------------------------------------------
 
 
-def _run_worker(mode: str, out: Path, quick: bool, extra_path: Path | None, timeout: float) -> tuple[int, str]:
+def _run_worker(mode: str, out: Path, quick: bool, extra_path: Path | None, timeout: float,
+                kit_graph_only: bool = False) -> tuple[int, str]:
     env = dict(os.environ)
     env["KDTREE_VERIFY"] = mode
     env.pop("SGLANG_PLUGINS", None)
@@ -183,6 +190,8 @@ def _run_worker(mode: str, out: Path, quick: bool, extra_path: Path | None, time
     cmd = [sys.executable, "-m", "kdtree_engine.sglang.integrate", "--worker", "--out", str(out)]
     if quick:
         cmd.append("--quick")
+    if kit_graph_only:
+        cmd.append("--kit-graph-only")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "worker.log"
     with log.open("w") as f:
@@ -192,6 +201,18 @@ def _run_worker(mode: str, out: Path, quick: bool, extra_path: Path | None, time
             rc = 124
     tail = log.read_text(errors="replace").splitlines()[-15:]
     return rc, "\n".join(tail)
+
+
+def run_off_on(out: Path, quick: bool, timeout: float, kit_graph_only: bool = False) -> tuple[str, str | None]:
+    """Run the KDTREE_VERIFY=off then =on worker processes into out/off and out/on.
+    Returns (how the entry point was made discoverable, failure text or None)."""
+    with tempfile.TemporaryDirectory(prefix="kdtree-ep-") as tmp:
+        how, extra = ensure_entry_point(Path(tmp))
+        for mode in ("off", "on"):
+            rc, tail = _run_worker(mode, out / mode, quick, extra, timeout, kit_graph_only)
+            if rc != 0:
+                return how, f"the KDTREE_VERIFY={mode} worker exited with {rc}; last lines:\n{tail}"
+    return how, None
 
 
 def main(argv: list[str]) -> int:
@@ -211,18 +232,12 @@ def main(argv: list[str]) -> int:
                      args.evidence_dir)
         return 1
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="kdtree-ep-") as tmp:
-        how, extra = ensure_entry_point(Path(tmp))
-        rcs = {}
-        for mode in ("off", "on"):
-            rc, tail = _run_worker(mode, out / mode, args.quick, extra, args.timeout)
-            rcs[mode] = rc
-            if rc != 0:
-                reason = f"the KDTREE_VERIFY={mode} worker exited with {rc}; last lines:\n{tail}"
-                print(f"integrate: FAIL: {reason}")
-                write_record(make_record(GATE, False, {}, f"worker {mode} failed", reason=reason,
-                                         details={"entry_point": how}), args.evidence_dir)
-                return 1
+    how, failure = run_off_on(out, args.quick, args.timeout)
+    if failure:
+        print(f"integrate: FAIL: {failure}")
+        write_record(make_record(GATE, False, {}, "worker failed", reason=failure,
+                                 details={"entry_point": how}), args.evidence_dir)
+        return 1
     passed, problems, details = compare_runs(out / "off", out / "on")
     cases = details["cases"]
     speedups = {n: c["speedup"] for n, c in cases.items() if c["speedup"]}
@@ -365,21 +380,26 @@ def _run_case(case: Case, index: int, out: Path, plugin_status: Any) -> dict[str
     return info
 
 
-def _run_kit(name: str, topk: int, n: int, prefix_lens: tuple[int, ...]) -> dict[str, Any]:
+def _run_kit(name: str, topk: int, n: int, prefix_lens: tuple[int, ...], cuda_graph: bool,
+             status: Any) -> dict[str, Any]:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.attention_methods.mla_attention import MLAAttentionCase
     from sglang.test.kits.attention_unittest.runner_modes.speculative_target_verify_runner import (
         run_mla_eagle_verify_case,
+        run_mla_eagle_verify_cuda_graph_case,
     )
 
     mcase = MLAAttentionCase(name=name, backend="triton", forward_mode=ForwardMode.TARGET_VERIFY, num_heads=16,
                              page_size=1, prefix_lens=prefix_lens, extend_lens=(n,) * len(prefix_lens))
+    run = run_mla_eagle_verify_cuda_graph_case if cuda_graph else run_mla_eagle_verify_case
+    before = status()["kernel_calls"] if status else 0
     try:
-        run_mla_eagle_verify_case(_KitTestCase(), mcase, topk=topk, kv_lora_rank=512, qk_rope_head_dim=64,
-                                  dtype=torch.bfloat16, device="cuda")
+        run(_KitTestCase(), mcase, topk=topk, kv_lora_rank=512, qk_rope_head_dim=64, dtype=torch.bfloat16,
+            device="cuda")
     except Exception as e:  # noqa: BLE001 - recorded as a failed check
-        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
-    return {"ok": True, "error": None}
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000], "cuda_graph": cuda_graph}
+    calls = (status()["kernel_calls"] - before) if status else 0
+    return {"ok": True, "error": None, "cuda_graph": cuda_graph, "kernel_calls": calls}
 
 
 def worker_main(argv: list[str]) -> int:
@@ -387,6 +407,7 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--kit-graph-only", action="store_true", help="only the kit's CUDA-graph checks (graph gate)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kdtree_engine.sglang import _standins
@@ -403,14 +424,15 @@ def worker_main(argv: list[str]) -> int:
     hooked = hasattr(TritonAttnBackend.__dict__["forward_extend"], "__wrapped__")
     summary: dict[str, Any] = {"mode": os.environ.get("KDTREE_VERIFY"), "hooked": hooked, "standins": standins,
                                "cases": {}, "kit": {}}
-    cases = [c for c in CASES if not args.quick or c.name in QUICK]
+    cases = [] if args.kit_graph_only else [c for c in CASES if not args.quick or c.name in QUICK]
     status = plugin.status if hooked else None
     for i, case in enumerate(cases):
         info = _run_case(case, i, args.out, status)
         summary["cases"][case.name] = info | {"case": asdict(case)}
         logging.info("case %s: %.1f us %s", case.name, info["us"], info.get("fallbacks") or "")
-    for name, topk, n, lens in KIT_CASES:
-        summary["kit"][name] = _run_kit(name, topk, n, lens)
+    for name, topk, n, lens, graph in KIT_CASES:
+        if graph or not args.kit_graph_only:
+            summary["kit"][name] = _run_kit(name, topk, n, lens, graph, status)
     summary["plugin"] = plugin.status()
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
