@@ -70,11 +70,11 @@ def _require_cuda(session: nox.Session, gate: str) -> None:
         )
 
 
-def _gate(session: nox.Session, gate: str, *, gpu: bool) -> None:
+def _gate(session: nox.Session, gate: str, *, gpu: bool, default_args: tuple[str, ...] = ()) -> None:
     _install_project(session)
     if gpu:
         _require_cuda(session, gate)
-    session.run(_python(session), "-m", "kdtree_engine", gate, *session.posargs)
+    session.run(_python(session), "-m", "kdtree_engine", gate, *(session.posargs or default_args))
 
 
 # Gate venvs see the system site-packages, so an installed torch is reused.
@@ -101,8 +101,8 @@ def oracle(session: nox.Session) -> None:
 
 @nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])
 def bench(session: nox.Session) -> None:
-    """Benchmark the kernel against its peers: `-- --suite micro|long-context` (GPU)."""
-    _gate(session, "bench", gpu=True)
+    """Benchmark the kernel against its peers side by side: `-- --suite micro|long-context|...` (GPU)."""
+    _gate(session, "bench", gpu=True, default_args=("--suite", "micro"))
 
 
 @nox.session(venv_params=GATE_VENV, default=False, tags=["gpu"])

@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the timed lambdas run inside the loop iteration that made them)
 """First timings of the owned kernel next to SGLang's Triton verify path.
 
     PYTHONPATH=src python3 tools/first_look.py

@@ -1,30 +1,40 @@
 #!/usr/bin/env bash
 # One GPU-host session: unpack the carried bundle, check the carried library
-# loads, then run what the arguments name. Evidence and logs land in $OUT.
+# loads (else build it there), then run the steps named. Evidence goes to
+# /tmp/ev, bench reports to /tmp/bench; everything comes back as
+# $OUT/results.tgz (the device tool returns at most 8 files).
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
-# steps: oracle-quick oracle oracle-mma first-look first-look-mma sanitize integrate bench-micro bench-long graph defrag
+# steps: oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
+#        graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 set -uo pipefail
 commit=$1; shift
-mkdir -p /tmp/site && tar -xJf .site/site.tar.xz -C /tmp/site
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=${OUT:-build/evidence}
+mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=/tmp/ev
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs)" || {
-  echo "carried library does not load; building here"; python3 -m kdtree_engine build --arch sm_90 --force; }
+python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs, l.kernel_name(0))" || {
+  echo "carried library does not load; building here"; python3 -m kdtree_engine build --force; }
+pack() { tar -czf "${OUT:-/tmp}/results.tgz" -C /tmp ev bench $(cd /tmp && ls -d integrate-logs 2>/dev/null) 2>/dev/null; }
+trap pack EXIT
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     oracle-quick) python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
     oracle) python3 -m kdtree_engine oracle ;;
+    oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
-    oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     sanitize) timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_case.py;
               timeout 240 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_case.py ;;
-    integrate) python3 -m kdtree_engine integrate ;;
-    bench-micro) python3 -m kdtree_engine bench --suite micro ;;
-    bench-long) python3 -m kdtree_engine bench --suite long-context ;;
+    integrate) python3 -m kdtree_engine integrate --out /tmp/integrate;
+               mkdir -p /tmp/integrate-logs; cp /tmp/integrate/*/worker.log /tmp/integrate/*/summary.json /tmp/integrate-logs/ 2>/dev/null;
+               for m in off on; do cp /tmp/integrate/$m/worker.log /tmp/integrate-logs/worker-$m.log 2>/dev/null; done ;;
     graph) python3 -m kdtree_engine graph ;;
     defrag) python3 -m kdtree_engine defrag ;;
+    bench-gpu-tests) python3 -m pytest -q -m gpu tests/test_bench_gpu.py -x -p no:cacheprovider ;;
+    bench-micro) python3 -m kdtree_engine bench --suite micro --out /tmp/bench ;;
+    bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench ;;
+    bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench ;;
+    bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "=== $step rc=$?"

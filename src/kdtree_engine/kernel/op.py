@@ -96,7 +96,7 @@ def _check_index(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], le
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     start = t.data_ptr()
-    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride()))
+    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True))
     return start, start + (last + 1) * t.element_size()
 
 

@@ -68,11 +68,11 @@ def verify_attention_ref(
                 qs = q[q0 + t0 : q0 + t1].float()  # [c, H, 576]
                 s = torch.einsum("chd,kd->chk", qs, keys) * sm_scale
                 s.masked_fill_(~visible[t0:t1, None, :], float("-inf"))
-                l = torch.logsumexp(s, dim=-1)  # [c, H]
-                p = torch.exp(s - l[..., None].clamp_min(torch.finfo(torch.float32).min))
+                lse_c = torch.logsumexp(s, dim=-1)  # [c, H]
+                p = torch.exp(s - lse_c[..., None].clamp_min(torch.finfo(torch.float32).min))
                 p = torch.nan_to_num(p, nan=0.0)  # rows with nothing visible
                 out[q0 + t0 : q0 + t1] = torch.einsum("chk,kd->chd", p, vals)
-                lse[q0 + t0 : q0 + t1] = l
+                lse[q0 + t0 : q0 + t1] = lse_c
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     return out, lse

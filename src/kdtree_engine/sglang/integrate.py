@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from kdtree_engine.oracle import workloads
+
 GATE = "integrate"
 EP_GROUP = "sglang.srt.plugins"
 EP_NAME = "kdtree_verify"
@@ -285,28 +287,17 @@ def _jsonable(x: Any) -> Any:
 
 
 def tree_parents(case: Case, seed: int) -> list[int]:
-    """Parent of each draft (-1 for the root); a chain, or a seeded random tree in
+    """Parent of each draft (-1 for the root): a chain, or a seeded random tree in
     topological order (a parent precedes its children)."""
     if case.mask == "chain":
-        return [i - 1 for i in range(case.n)]
-    g = torch.Generator().manual_seed(seed)
-    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, case.n)]
+        return workloads.chain(case.n)
+    return workloads.random_tree(case.n, torch.Generator().manual_seed(seed))
 
 
 def full_mask(case: Case, seed: int, device: str) -> torch.Tensor:
     """SGLang's FULL_MASK for the batch: per request n rows x (prefix + n) columns, flat."""
     parents = tree_parents(case, seed)
-    block = torch.zeros(case.n, case.n, dtype=torch.bool)
-    for i, par in enumerate(parents):
-        if par >= 0:
-            block[i] = block[par]
-        block[i, i] = True
-    parts = []
-    for L in case.prefix_lens:
-        m = torch.ones(case.n, L + case.n, dtype=torch.bool)
-        m[:, L:] = block
-        parts.append(m.reshape(-1))
-    flat = torch.cat(parts).to(device)
+    flat = torch.cat([workloads.full_mask(parents, L).reshape(-1) for L in case.prefix_lens]).to(device)
     return flat if case.mask_dtype == "bool" else flat.to(torch.uint8)
 
 

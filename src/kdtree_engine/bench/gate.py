@@ -1,0 +1,356 @@
+"""The ``bench`` gate: the owned kernel against its peers, in one process, on the same inputs.
+
+    python -m kdtree_engine bench [--suite micro|long-context|fragmentation|graph]
+        [--systems ours,sglang-extend,sglang-splitkv,flashmla] [--out DIR]
+        [--budget-s S] [--evidence-dir DIR] [--list]
+
+Per suite (:mod:`kdtree_engine.bench.suites`): measure the GPU's copy bandwidth
+and bf16 matmul rate (:mod:`~kdtree_engine.bench.roofline`), then for every
+case build rotated random input sets on the GPU, compute the fp32 reference,
+and time every system (graph replay and eager, :mod:`~kdtree_engine.bench.timing`),
+checking each timed output against the reference. A peer that is not
+importable is reported as missing, one that cannot do a case as unsupported,
+one that raises as an error; the other figures are still written. Then the
+targets of issue 4 (:mod:`~kdtree_engine.bench.targets`) are evaluated on the
+figures of this run, and the report (JSON, markdown, PNGs) goes to ``--out``
+(default ``build/bench/``) and one evidence record ``bench-<suite>.json``.
+
+The gate passes when every target of the suite is met, every figure of ours is
+correct, and the suite finished within its time budget. On a GPU other than
+the H200 the targets are not applicable: figures are recorded, the gate fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kdtree_engine.bench import report as report_mod
+from kdtree_engine.bench import suites as suites_mod
+from kdtree_engine.bench.results import Result, Table
+from kdtree_engine.bench.suites import Case, Suite
+from kdtree_engine.bench.targets import SPECS, TargetResult, evaluate, gate_passes
+from kdtree_engine.pipeline import evidence
+
+GATE = "bench"
+#: where the inputs live (the tests point it at the CPU with a simulated CUDA)
+DEVICE = "cuda"
+#: seconds of timing per (system, case, mask) and mode (replay, eager)
+MEASURE_BUDGET_S = 0.25
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _err_text(e: BaseException, limit: int = 400) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _cuda_alive() -> str | None:
+    """None if the CUDA context still works, else the error (a sticky fault ends the suite)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+    except Exception as e:
+        return _err_text(e)
+    return None
+
+
+def case_seed(case: Case, seed: int) -> int:
+    """The data seed of a case: the same for every slot layout of one shape, so that the
+    fragmentation suite times the same request in each layout."""
+    return seed * 100_003 + zlib.crc32(f"{case.bs}-{case.n}-{case.heads}-{case.prefix}".encode()) % 100_000
+
+
+def _worst_check(checks: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    cs = [c for c in checks if c is not None]
+    if not cs:
+        return None
+    failing = [c for c in cs if not c["passed"]]
+    return failing[0] if failing else max(cs, key=lambda c: c["max_rel_excess"])
+
+
+def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missing: dict[str, str],
+             l2_bytes: int, seed: int, out: list[Result]) -> None:
+    """Build the inputs of one case and time every system on it, appending to ``out``
+    (so that the figures taken before a fatal CUDA fault are kept)."""
+    import torch
+
+    from kdtree_engine.bench import data, timing
+    from kdtree_engine.bench.peers import PEERS, PeerUnsupported
+    from kdtree_engine.oracle import reference
+
+    plan = [(s, m) for s in systems for m in PEERS[s].masks(case.masks)]
+    try:
+        rot = data.rotations(case, l2_bytes)
+        sets = data.build_sets(case, rot, DEVICE, seed)
+        need = sorted({m for s, m in plan if s not in missing})
+        refs = {m: reference.verify_attention_ref(*sets[0].batch(m).ref_args())[0] for m in need}
+        torch.cuda.synchronize()
+    except Exception as e:
+        why = f"building the inputs or the reference failed: {_err_text(e)}"
+        _say(f"    {why}")
+        out += [Result(case.name, s, m, "missing" if s in missing else "error", error=missing.get(s, why))
+                for s, m in plan]
+        return
+    for s, m in plan:
+        if s in missing:
+            out.append(Result(case.name, s, m, "missing", error=missing[s]))
+            _say(f"    {s:15s} {m:5s} missing")
+            continue
+        fns = None
+        try:
+            fns = [peers[s].prepare(st.batch(m)) for st in sets]
+            meas = timing.measure(fns, refs[m], budget_s=MEASURE_BUDGET_S)
+            r = Result(case.name, s, m, "ok" if meas.correct else "wrong", replay_us=meas.replay_us,
+                       eager_us=meas.eager_us, graph_error=meas.graph_error,
+                       check=_worst_check([meas.check_eager, meas.check_replay]), rotations=meas.rotations,
+                       calls=meas.calls, replay_reps=meas.replay_reps, eager_reps=meas.eager_reps,
+                       extra={"check_eager": meas.check_eager, "check_replay": meas.check_replay,
+                              "samples_ms": meas.samples})
+        except PeerUnsupported as e:
+            r = Result(case.name, s, m, "unsupported", error=str(e), rotations=len(sets))
+        except Exception as e:  # a crashing peer: record it, keep going
+            r = Result(case.name, s, m, "error", error=_err_text(e), rotations=len(sets))
+        del fns
+        out.append(r)
+        if r.status in ("ok", "wrong"):
+            g = f"replay {r.replay_us:9.2f} us" if r.replay_us is not None else "replay       n/a   "
+            e_ = f"eager {r.eager_us:9.2f} us" if r.eager_us is not None else ""
+            chk = f"rel_l2 {r.check['rel_l2']:.1e}" if r.check else ""
+            _say(f"    {s:15s} {m:5s} {g}  {e_}  x{r.rotations} sets  {chk}  "
+                 f"{'ok' if r.status == 'ok' else 'WRONG OUTPUT'}"
+                 + (f"  (not capturable: {r.graph_error[:80]})" if r.graph_error else ""))
+        else:
+            _say(f"    {s:15s} {m:5s} {r.status}: {(r.error or '')[:160]}")
+        if r.status == "error":
+            dead = _cuda_alive()
+            if dead:
+                raise RuntimeError(f"the CUDA context is broken after {s} on {case.name} ({r.error}): {dead}")
+    del sets, refs
+    torch.cuda.empty_cache()
+
+
+def run_suite(suite: Suite, systems: tuple[str, ...], budget_s: float, seed: int = 0) -> dict[str, Any]:
+    """Run one suite on the current CUDA device; returns everything the report and the record need."""
+    import torch
+
+    from kdtree_engine.bench import roofline
+    from kdtree_engine.bench.data import DEFAULT_L2_BYTES
+    from kdtree_engine.bench.peers import PEERS
+
+    t0 = time.monotonic()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    gpu = props.name
+    l2 = int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+    _say(f"bench {suite.name}: {suite.description}")
+    _say(f"  GPU {gpu} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB); "
+         f"systems: {', '.join(systems)}; budget {budget_s:.0f} s")
+    missing: dict[str, str] = {}
+    peers: dict[str, Any] = {}
+    for s in systems:
+        err = PEERS[s].check()
+        if err:
+            missing[s] = err
+            _say(f"  {s}: MISSING: {err}")
+        else:
+            peers[s] = PEERS[s]
+    problems: list[str] = []
+    ceilings = None
+    try:
+        ceil = roofline.measure()
+        ceilings = ceil.as_dict()
+        _say(f"  ceilings: copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
+             f"{ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s")
+        floors = {c.name: roofline.floor_terms(c, ceil) for c in suite.cases}
+    except Exception as e:
+        problems.append(f"measuring the roofline ceilings failed: {_err_text(e)}")
+        _say(f"  {problems[-1]}")
+        floors = {}
+
+    results: list[Result] = []
+    fatal: str | None = None
+    for i, case in enumerate(suite.cases):
+        plan = [(s, m) for s in systems for m in PEERS[s].masks(case.masks)]
+        spent = time.monotonic() - t0
+        if fatal or spent > budget_s:
+            why = fatal or f"the suite's time budget ({budget_s:.0f} s) ran out after {spent:.0f} s"
+            results += [Result(case.name, s, m, "skipped", error=why) for s, m in plan]
+            _say(f"  [{i + 1}/{len(suite.cases)}] {case.name}: skipped ({why[:100]})")
+            continue
+        fl = floors.get(case.name, {}).get("floor_us")
+        _say(f"  [{i + 1}/{len(suite.cases)}] {case.name} ({case.rows} rows, floor "
+             f"{'-' if fl is None else f'{fl:.1f}'} us, {spent:.0f} s elapsed)")
+        try:
+            run_case(case, systems, peers, missing, l2, case_seed(case, seed), results)
+        except Exception as e:
+            fatal = _err_text(e, 600)
+            problems.append(fatal)
+            _say(f"  FATAL: {fatal}")
+            have = {(r.case, r.system, r.mask) for r in results}
+            results += [Result(case.name, s, m, "error", error=fatal) for s, m in plan
+                        if (case.name, s, m) not in have]
+    table = Table(results)
+    targets = evaluate(suite.targets, list(suite.cases), table,
+                       {k: v["floor_us"] for k, v in floors.items()}, gpu)
+    return {"gpu": gpu, "capability": f"{props.major}.{props.minor}", "l2_bytes": l2, "missing": missing,
+            "ceilings": ceilings, "floors": floors, "results": results, "table": table, "targets": targets,
+            "problems": problems, "seconds": time.monotonic() - t0}
+
+
+def verdict(suite: Suite, systems: tuple[str, ...], results: list[Result], targets: list[TargetResult],
+            problems: list[str], gpu: str | None) -> tuple[bool, str | None]:
+    """(passed, reason) from a run's figures: every target met, ours correct everywhere, nothing skipped."""
+    reasons = list(problems)
+    if "ours" not in systems:
+        reasons.append("'ours' was not among --systems: nothing of ours was measured")
+    ours_bad = [r for r in results if r.system == "ours" and r.status != "ok"]
+    if ours_bad:
+        reasons.append(f"{len(ours_bad)} figure(s) of ours not correct or not measured: "
+                       + "; ".join(f"{r.case} {r.mask} {r.status}" + (f" ({r.error[:80]})" if r.error else "")
+                                   for r in ours_bad[:5]))
+    skipped = [r for r in results if r.status == "skipped"]
+    if skipped:
+        reasons.append(f"{len(skipped)} figure(s) skipped: {skipped[0].error}")
+    na = [t for t in targets if t.status == "n/a"]
+    if na:
+        reasons.append(f"targets are set for the H200 and this GPU is {gpu}: timings recorded, "
+                       f"{len(na)} target(s) not applicable")
+    for t in targets:
+        if t.status in ("fail", "unmeasured"):
+            reasons.append(t.summary())
+    passed = not reasons and gate_passes(targets)
+    return passed, None if passed else " | ".join(reasons)
+
+
+def _slim(r: Result) -> dict[str, Any]:
+    """A result for the evidence record: without the raw timing samples (the report JSON has them)."""
+    d = r.as_dict()
+    d["extra"] = {k: v for k, v in d["extra"].items() if k != "samples_ms"}
+    return d
+
+
+def headline(suite: Suite, run: dict[str, Any]) -> str:
+    targets: list[TargetResult] = run["targets"]
+    if suite.kind == "graph":
+        parts = []
+        for r in run["results"]:
+            if r.status == "ok" and r.eager_us and r.replay_us:
+                parts.append(f"{r.case} eager {r.eager_us:.1f} / replay {r.replay_us:.1f} us")
+        return "ours eager vs graph replay per verify call: " + ("; ".join(parts) or "no figures")
+    met = sum(t.status == "pass" for t in targets)
+    figs = []
+    for t in targets:
+        if t.measured is not None:
+            unit = SPECS[t.name].unit
+            v = f"{t.measured * 100:+.1f}%" if unit == "pct" else (f"{t.measured:.0f}x" if t.measured >= 10
+                                                                    else f"{t.measured:.2f}")
+            figs.append(f"{t.name} {v}")
+    return f"{met}/{len(targets)} targets met on {run['gpu']}" + (f"; worst: {', '.join(figs)}" if figs else "")
+
+
+def _metrics(suite: Suite, run: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    counts = Counter(f"{r.system}:{r.status}" for r in run["results"])
+    m: dict[str, Any] = {
+        "suite": suite.name, "gpu": run["gpu"], "cases": len(suite.cases), "seconds": round(run["seconds"], 1),
+        "results": dict(sorted(counts.items())), "missing": sorted(run["missing"]),
+        "targets": {t.name: {"status": t.status, "measured": t.measured, "threshold": t.threshold, "op": t.op,
+                             "worst_case": t.worst_case, "miss": t.miss, "goal_met": t.goal_met}
+                    for t in run["targets"]},
+        "out_dir": str(out_dir),
+    }
+    if run["ceilings"]:
+        m["copy_tb_s"] = round(run["ceilings"]["copy_tb_s"], 3)
+        m["matmul_tflop_s"] = round(run["ceilings"]["matmul_tflop_s"], 1)
+    ours = {f"{r.case}/{r.mask}": {"replay_us": r.replay_us, "eager_us": r.eager_us}
+            for r in run["results"] if r.system == "ours" and r.status == "ok"}
+    m["ours_us"] = ours
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kdtree bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="micro", help=f"one of {', '.join(suites_mod.SUITES)} (default: micro)")
+    ap.add_argument("--systems", default=None,
+                    help=f"comma list of {', '.join(suites_mod.SYSTEMS)} (default: the suite's systems)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the JSON/markdown/PNG report "
+                    "(default: build/bench/ under the project root)")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the suite in seconds")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--evidence-dir", type=Path, default=None)
+    ap.add_argument("--list", action="store_true", help="list the suite's cases and exit")
+    args = ap.parse_args(argv)
+    try:
+        suite = suites_mod.get_suite(args.suite)
+        systems = suites_mod.parse_systems(args.systems, suite)
+    except ValueError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    if args.budget_s is not None and not args.budget_s > 0:
+        print(f"bench: --budget-s: expected a positive number of seconds, got {args.budget_s}", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in suite.cases:
+            print(f"{c.name:32s} masks {','.join(c.masks)}")
+        print(f"{len(suite.cases)} cases; systems {', '.join(systems)}; targets {', '.join(suite.targets) or '-'}")
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        msg = "the bench gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
+        print(f"bench: FAILED: {msg}", file=sys.stderr)
+        evidence.write_record(evidence.make_record(GATE, False, {"suite": suite.name}, "not run: no CUDA GPU",
+                                                   reason=msg, variant=suite.name), args.evidence_dir)
+        return 1
+
+    out_dir = args.out if args.out is not None else evidence.repo_root() / "build" / "bench"
+    run = run_suite(suite, systems, args.budget_s or suite.budget_s, args.seed)
+    passed, reason = verdict(suite, systems, run["results"], run["targets"], run["problems"], run["gpu"])
+    rep = report_mod.build(suite, suite.cases, run["results"], run["floors"], run["ceilings"], run["targets"],
+                           run["missing"], systems,
+                           meta={"gpu": run["gpu"], "capability": run["capability"], "l2_bytes": run["l2_bytes"],
+                                 "seconds": round(run["seconds"], 1), "passed": passed, "reason": reason})
+    files: dict[str, Any] = {}
+    try:
+        files = report_mod.write(rep, out_dir)
+    except Exception as e:  # the evidence record is still written
+        files = {"error": _err_text(e)}
+        print(f"bench: writing the report to {out_dir} failed: {files['error']}", file=sys.stderr)
+    head = headline(suite, run)
+    details = report_mod.json_safe({
+        "markdown_table": report_mod.main_table(rep),
+        "markdown_table_eager": report_mod.compare_table(rep, eager=True) if suite.kind == "compare" else None,
+        "markdown": report_mod.markdown(rep),
+        "targets": [t.as_dict() for t in run["targets"]],
+        "notes": report_mod.notes(rep),
+        "files": {k: ([str(p) for p in v] if isinstance(v, list) else str(v)) for k, v in files.items()},
+        "ceilings": run["ceilings"],
+        "results": [_slim(r) for r in run["results"]],
+    })
+    rec = evidence.make_record(GATE, passed, report_mod.json_safe(_metrics(suite, run, out_dir)), head,
+                               reason=reason, variant=suite.name, details=details)
+    path = evidence.write_record(rec, args.evidence_dir)
+    _say("")
+    _say(report_mod.main_table(rep))
+    _say("")
+    for t in run["targets"]:
+        _say(f"  {t.summary()}")
+    _say(f"\nbench {suite.name}: {'PASS' if passed else 'FAIL'}: {head} in {run['seconds']:.0f}s")
+    if reason:
+        _say(f"  why: {reason}")
+    _say(f"  report: {files.get('markdown', '-')}; evidence: {path}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

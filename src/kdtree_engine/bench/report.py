@@ -1,0 +1,340 @@
+"""The bench report: one JSON of every figure, markdown tables, two PNG plots.
+
+Files under the output folder, named after the suite:
+
+- ``<suite>.json``: the whole report (cases, every result with both timings and
+  its correctness check, floors, measured ceilings, targets, missing peers);
+- ``<suite>.md``: the table (primary figures: CUDA-graph replay, microseconds
+  per verify call), the eager table, the targets and the notes;
+- ``<suite>-time.png``: time against prefix length per system (log scales);
+- ``<suite>-speedup.png``: speedup over SGLang's extend path (its time / ours).
+
+Plots need matplotlib (Agg backend); without it the report says so and the
+JSON and markdown are still written; ``python -m kdtree_engine.bench.report
+<suite>.json`` re-renders them later on a machine that has it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kdtree_engine.bench.results import Result, Table
+from kdtree_engine.bench.suites import Case, Suite
+from kdtree_engine.bench.targets import TargetResult
+
+#: (system, mask, column header) of the main table
+COLUMNS = (("ours", "tree", "ours tree"), ("ours", "chain", "ours chain"),
+           ("sglang-extend", "tree", "SGLang extend"), ("sglang-splitkv", "chain", "SGLang split-KV"),
+           ("flashmla", "chain", "FlashMLA"))
+SYSTEM_LABELS = {"ours": "ours", "sglang-extend": "SGLang extend", "sglang-splitkv": "SGLang split-KV",
+                 "flashmla": "FlashMLA"}
+
+
+def build(suite: Suite, cases: Sequence[Case], results: Sequence[Result], floors: dict[str, dict[str, Any]],
+          ceilings: dict[str, Any] | None, targets: Sequence[TargetResult], missing: dict[str, str],
+          systems: Sequence[str], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report as one JSON-able dict."""
+    return {
+        "suite": suite.name,
+        "kind": suite.kind,
+        "description": suite.description,
+        "systems": list(systems),
+        "missing": dict(missing),
+        "ceilings": ceilings,
+        "cases": [{"name": c.name, "series": c.series, "bs": c.bs, "n": c.n, "heads": c.heads, "prefix": c.prefix,
+                   "layout": c.layout, "masks": list(c.masks), "tree": c.tree} for c in cases],
+        "floors": floors,
+        "results": [r.as_dict() for r in results],
+        "targets": [t.as_dict() for t in targets],
+        "meta": meta or {},
+    }
+
+
+def _results(report: dict[str, Any]) -> Table:
+    keep = ("case", "system", "mask", "status", "replay_us", "eager_us", "graph_error", "error", "check",
+            "rotations", "calls", "replay_reps", "eager_reps", "extra")
+    return Table([Result(**{k: r.get(k) if k != "extra" else r.get(k) or {} for k in keep})
+                  for r in report["results"]])
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
+
+
+def _cell(table: Table, case: str, system: str, mask: str, report: dict[str, Any], eager: bool = False) -> str:
+    r = table.get(case, system, mask)
+    if r is None:
+        if system in report["missing"]:
+            return "missing"
+        return "-"
+    if r.status == "ok":
+        if eager:
+            return _us(r.eager_us)
+        return _us(r.time_us) + (" (eager)" if r.timing == "eager" else "")
+    if r.status == "wrong":
+        return f"WRONG {_us(r.eager_us if eager else r.time_us)}"
+    return r.status
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def compare_table(report: dict[str, Any], eager: bool = False) -> str:
+    """The main table: microseconds per call (graph replay unless marked), ratios."""
+    t = _results(report)
+    head = ["case"] + [c[2] for c in COLUMNS] + ["floor", "ours/FlashMLA", "floor/ours"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in report["cases"]:
+        name = c["name"]
+        cells = [name] + [_cell(t, name, s, m, report, eager) for s, m, _ in COLUMNS]
+        fl = (report["floors"].get(name) or {}).get("floor_us")
+        get = _eager if eager else Table.time
+        ours_tree, ours_chain, fm = (get(t, name, s, m) for s, m in
+                                     (("ours", "tree"), ("ours", "chain"), ("flashmla", "chain")))
+        cells += [_us(fl), _ratio(ours_chain, fm), _ratio(fl, ours_tree)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _eager(t: Table, case: str, system: str, mask: str) -> float | None:
+    r = t.get(case, system, mask)
+    return r.eager_us if r is not None and r.status == "ok" else None
+
+
+def fragmentation_table(report: dict[str, Any]) -> str:
+    t = _results(report)
+    head = ["prefix", "layout", "ours tree", "ours penalty", "SGLang extend", "extend penalty"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = {(c["bs"], c["n"], c["heads"], c["prefix"]): c["name"] for c in report["cases"]
+            if c["layout"] == "contiguous"}
+    for c in report["cases"]:
+        ref = base.get((c["bs"], c["n"], c["heads"], c["prefix"]))
+        cells = [str(c["prefix"]), c["layout"]]
+        for system in ("ours", "sglang-extend"):
+            v = t.time(c["name"], system, "tree")
+            v0 = t.time(ref, system, "tree") if ref else None
+            cells.append(_cell(t, c["name"], system, "tree", report))
+            cells.append("-" if v is None or v0 is None else f"{(v / v0 - 1) * 100:+.1f}%")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def graph_table(report: dict[str, Any]) -> str:
+    t = _results(report)
+    head = ["case", "ours eager", "ours replay", "eager / replay", "saved per call"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in report["cases"]:
+        r = t.get(c["name"], "ours", c["masks"][0])
+        if r is None or r.status != "ok":
+            lines.append(f"| {c['name']} | {r.status if r else '-'} | | | |")
+            continue
+        saved = "-" if r.eager_us is None or r.replay_us is None else f"{r.eager_us - r.replay_us:.3g}"
+        lines.append(f"| {c['name']} | {_us(r.eager_us)} | {_us(r.replay_us)} | {_ratio(r.eager_us, r.replay_us)} "
+                     f"| {saved} |")
+    return "\n".join(lines)
+
+
+def main_table(report: dict[str, Any]) -> str:
+    """The table the plan shows for this suite."""
+    if report["kind"] == "fragmentation":
+        return fragmentation_table(report)
+    if report["kind"] == "graph":
+        return graph_table(report)
+    return compare_table(report)
+
+
+def _check_text(check: dict[str, Any] | None) -> str:
+    """The compare figures of a failed check; the same text from a live dict or its JSON form."""
+    if not check:
+        return "no check"
+    parts = []
+    for k in ("max_abs", "max_rel_excess", "rel_l2", "cos_diff", "nonfinite"):
+        if k in check:
+            v = check[k]
+            parts.append(f"{k} {v:.2e}" if isinstance(v, float) and k != "nonfinite" else f"{k} {v}")
+    return ", ".join(parts)
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    out = [f"{SYSTEM_LABELS.get(s, s)}: missing ({err})" for s, err in report["missing"].items()]
+    for r in report["results"]:
+        if r["status"] in ("error", "unsupported", "wrong", "skipped"):
+            why = r["error"] or (f"reference check failed ({_check_text(r['check'])})" if r["status"] == "wrong"
+                                 else "")
+            out.append(f"{r['case']} {r['system']} {r['mask']}: {r['status']}" + (f": {why}" if why else ""))
+        elif r["graph_error"]:
+            out.append(f"{r['case']} {r['system']} {r['mask']}: not capturable in a CUDA graph, eager figure shown "
+                       f"({r['graph_error']})")
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    ce = report.get("ceilings") or {}
+    lines = [f"### Bench `{report['suite']}`: {report['description']}", ""]
+    meta = report.get("meta") or {}
+    if meta.get("gpu"):
+        lines.append(f"GPU: {meta['gpu']}" + (f"; copy {ce['copy_tb_s']:.2f} TB/s, bf16 matmul "
+                                                f"{ce['matmul_tflop_s']:.0f} TFLOP/s (measured in this run)"
+                                                if ce else ""))
+        lines.append("")
+    lines.append("Microseconds per verify call, median of CUDA-graph replays (\"(eager)\": the peer could not be "
+                 "captured); bf16, random data, inputs rotated past the L2. Floor = max(bytes / copy bandwidth, "
+                 "flops / matmul rate).")
+    lines += ["", main_table(report), ""]
+    if report["kind"] == "compare":
+        lines += ["Eager (Python launch path, back-to-back calls):", "", compare_table(report, eager=True), ""]
+    if report["targets"]:
+        lines.append("Targets:")
+        lines.append("")
+        for t in report["targets"]:
+            tr = TargetResult(**t)
+            lines.append(f"- {tr.summary()}")
+        lines.append("")
+    ns = notes(report)
+    if ns:
+        lines += ["Notes:", ""] + [f"- {n}" for n in ns] + [""]
+    return "\n".join(lines)
+
+
+def _plot_series(report: dict[str, Any]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list]]:
+    """(time series, speedup series): label -> [(prefix, value)] per connected line."""
+    t = _results(report)
+    times: dict[str, list[tuple[float, float]]] = {}
+    speed: dict[str, list[tuple[float, float]]] = {}
+    kind = report["kind"]
+    for c in report["cases"]:
+        grp = c["series"]
+        if kind == "graph":
+            r = t.get(c["name"], "ours", c["masks"][0])
+            if r is not None and r.status == "ok":
+                for mode, v in (("eager", r.eager_us), ("graph replay", r.replay_us)):
+                    if v is not None:
+                        times.setdefault(f"ours {mode}|{grp}", []).append((c["prefix"], v))
+            continue
+        fl = (report["floors"].get(c["name"]) or {}).get("floor_us")
+        if fl is not None and kind == "compare":
+            times.setdefault(f"floor|{grp}", []).append((c["prefix"], fl))
+        ext = t.time(c["name"], "sglang-extend", "tree")
+        for system, mask, label in COLUMNS:
+            v = t.time(c["name"], system, mask)
+            if v is None:
+                continue
+            lab = label if kind == "compare" else f"{label} {c['layout']}"
+            key = f"{lab}|{grp}" if kind == "compare" else f"{lab}|{c['bs']}-{c['n']}-{c['heads']}"
+            times.setdefault(key, []).append((c["prefix"], v))
+            if system == "ours" and ext is not None:
+                speed.setdefault(key, []).append((c["prefix"], ext / v))
+    return times, speed
+
+
+def plots(report: dict[str, Any], out_dir: Path) -> tuple[list[Path], list[str]]:
+    """Write the PNGs; returns (paths written, notes on what was not drawn)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        return [], [f"matplotlib is not available ({type(e).__name__}: {e}): no PNG plots written"]
+    times, speed = _plot_series(report)
+    written, skipped = [], []
+    for what, series, ylabel in (("time", times, "microseconds per verify call"),
+                                 ("speedup", speed, "SGLang extend time / ours")):
+        if not series:
+            skipped.append(f"{what} plot: no figures to draw"
+                           + (" (no SGLang extend figures)" if what == "speedup" else ""))
+            continue
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        groups = sorted({k.split("|", 1)[1] for k in series})
+        by_group = 1 < len(groups) <= 4  # few series per system: name them; many: one entry per system
+        markers = "osD^v<>p*h"
+        colors: dict[str, Any] = {}
+        cmap = plt.get_cmap("tab10")
+        labelled: set[str] = set()
+        for key, pts in sorted(series.items()):
+            label, grp = key.split("|", 1)
+            colors.setdefault(label, "gray" if label == "floor" else cmap(len(colors) % 10))
+            name = f"{label} ({grp})" if by_group else label
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[groups.index(grp) % len(markers)],
+                    markersize=4, color=colors[label], linestyle="--" if label == "floor" else "-",
+                    label=None if name in labelled else name)
+            labelled.add(name)
+        if what == "speedup":
+            ax.axhline(50, color="red", linestyle=":", linewidth=1, label="50x (long-context target)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("prefix length (cached tokens per request)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"bench {report['suite']}: {'time' if what == 'time' else 'speedup over SGLang extend'}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        path = out_dir / f"{report['suite']}-{what}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written, skipped
+
+
+def json_safe(o: Any) -> Any:
+    """JSON-safe: non-finite floats become the strings "inf", "-inf", "nan"; paths become strings."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, dict):
+        return {str(k): json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v) for v in o]
+    if isinstance(o, (str, int, float, bool)) or o is None:
+        return o
+    return str(o)
+
+
+def write(report: dict[str, Any], out_dir: Path | str) -> dict[str, Any]:
+    """Write JSON, markdown and PNGs; returns {"json", "markdown", "png": [...], "notes": [...]}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs, plot_notes = plots(report, out)
+    report.setdefault("meta", {})["plot_notes"] = plot_notes
+    md_path = out / f"{report['suite']}.md"
+    md_path.write_text(markdown(report) + "".join(f"\n{n}\n" for n in plot_notes))
+    js_path = out / f"{report['suite']}.json"
+    tmp = js_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(json_safe(report), indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, js_path)
+    return {"json": js_path, "markdown": md_path, "png": pngs, "notes": plot_notes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kdtree_engine.bench.report REPORT.json [--out DIR]``: re-render the markdown
+    and PNGs from a report JSON (e.g. one carried back from a GPU host without matplotlib)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m kdtree_engine.bench.report", description=main.__doc__)
+    ap.add_argument("report", type=Path)
+    ap.add_argument("--out", type=Path, default=None, help="folder (default: the JSON's folder)")
+    args = ap.parse_args(argv)
+    try:
+        rep = json.loads(args.report.read_text())
+        if not isinstance(rep, dict) or "results" not in rep or "suite" not in rep:
+            raise ValueError("not a bench report (no 'suite' or 'results')")
+    except (OSError, ValueError) as e:
+        print(f"report: {args.report}: expected a bench report JSON: {e}", file=sys.stderr)
+        return 2
+    files = write(rep, args.out or args.report.parent)
+    print(f"wrote {files['markdown']}" + "".join(f", {p}" for p in files["png"])
+          + "".join(f"\n{n}" for n in files["notes"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

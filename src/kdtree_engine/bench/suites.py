@@ -1,0 +1,159 @@
+"""Bench suites: which shapes are timed, on which masks, with which systems.
+
+A :class:`Case` is one verify call shape: ``bs`` requests of ``n`` drafts and
+``heads`` query heads over a prefix of ``prefix`` cached tokens each, with the
+slots laid out as ``layout`` (see :mod:`kdtree_engine.oracle.workloads`).
+Every case is run with a tree mask (``eagle``) and/or a chain mask; SGLang's
+split-KV kernel and FlashMLA only run chains, SGLang's extend kernel runs the
+tree (its time does not depend on the mask).
+
+Suites (DESIGN section 6, issues 4, 7 and 8):
+
+- ``micro``: the 13 shapes of the DESIGN section 6 table (Phase 1).
+- ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
+- ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
+  contiguous, in runs of 16/64/256 and fully random, prefix 4k..91k: the
+  penalty of each layout against contiguous (issue 8, "measure").
+- ``graph``: the owned kernel eager vs CUDA-graph replay at prefix 1k and 64k,
+  bs 1 and 32 (issue 7, "measure").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: every system the bench knows, in table order
+SYSTEMS = ("ours", "sglang-extend", "sglang-splitkv", "flashmla")
+MASKS = ("tree", "chain")
+FRAG_LAYOUTS = ("contiguous", "runs256", "runs64", "runs16", "fragmented")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One verify shape. ``n`` is drafts per request (the T column of DESIGN section 6)."""
+
+    bs: int
+    n: int
+    heads: int
+    prefix: int
+    layout: str = "fragmented"
+    masks: tuple[str, ...] = MASKS
+    tree: str = "eagle"
+
+    def __post_init__(self) -> None:
+        for name in ("bs", "n", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Case.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.prefix < 0:
+            raise ValueError(f"Case.prefix: expected >= 0, got {self.prefix}")
+        bad = [m for m in self.masks if m not in MASKS]
+        if bad or not self.masks:
+            raise ValueError(f"Case.masks: expected a non-empty subset of {MASKS}, got {self.masks}")
+
+    @property
+    def name(self) -> str:
+        base = f"bs{self.bs}-N{self.n}-H{self.heads}-L{self.prefix}"
+        return base if self.layout == "fragmented" else f"{base}-{self.layout}"
+
+    @property
+    def series(self) -> str:
+        """The case without its prefix: points of one series differ only in prefix."""
+        base = f"bs{self.bs} N{self.n} H{self.heads}"
+        return base if self.layout == "fragmented" else f"{base} {self.layout}"
+
+    @property
+    def tokens(self) -> int:
+        return self.bs * self.n
+
+    @property
+    def rows(self) -> int:
+        """(draft, head) rows of the whole batch."""
+        return self.bs * self.n * self.heads
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    cases: tuple[Case, ...]
+    #: systems run by default (``--systems`` narrows it)
+    systems: tuple[str, ...]
+    #: the targets evaluated on this suite (names from :mod:`kdtree_engine.bench.targets`)
+    targets: tuple[str, ...]
+    #: wall-clock budget of the whole suite in seconds; cases past it are skipped (and fail the gate)
+    budget_s: float
+    kind: str = "compare"  # compare | fragmentation | graph (selects the report layout)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+#: DESIGN section 6: (bs, N, H, prefix)
+MICRO_SHAPES = (
+    (1, 16, 8, 4096), (1, 16, 8, 23000), (1, 16, 8, 65536), (1, 16, 8, 91000),
+    (1, 16, 64, 32768), (8, 16, 8, 32768), (32, 8, 16, 8192), (64, 4, 16, 4096),
+    (64, 4, 16, 16384), (16, 8, 128, 8192), (1, 4, 128, 65536), (1, 64, 8, 65536),
+    (4, 32, 16, 32768),
+)
+LONG_PREFIXES = (23000, 32768, 49152, 65536, 91000)
+FRAG_PREFIXES = (4096, 23000, 65536, 91000)
+GRAPH_PREFIXES = (1024, 65536)
+
+#: the shape of the floor-fraction target (issue 4): bs=1, H=8, N=16, prefix 65536
+FLOOR_SHAPE = (1, 16, 8, 65536)
+#: prefix from which the 50x-over-SGLang-extend target applies
+EXTEND_TARGET_MIN_PREFIX = 23000
+
+SUITES: dict[str, Suite] = {
+    "micro": Suite(
+        "micro",
+        "Phase 1: the DESIGN section 6 shapes, tree and chain, every peer",
+        tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES),
+        SYSTEMS,
+        ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction"),
+        budget_s=360.0,
+    ),
+    "long-context": Suite(
+        "long-context",
+        "Phase 3: bs=1, H=8, N=16 and 64, prefix 23k..91k, tree and chain, every peer",
+        tuple(Case(1, n, 8, L) for n in (16, 64) for L in LONG_PREFIXES),
+        SYSTEMS,
+        ("extend_50x", "splitkv", "flashmla", "tree_vs_chain", "floor_fraction"),
+        budget_s=360.0,
+    ),
+    "fragmentation": Suite(
+        "fragmentation",
+        "Issue 8: one request's slot ids contiguous / runs of 256, 64, 16 / random, prefix 4k..91k",
+        tuple(Case(1, 16, 8, L, layout=lay, masks=("tree",)) for L in FRAG_PREFIXES for lay in FRAG_LAYOUTS),
+        ("ours", "sglang-extend"),
+        ("fragmentation",),
+        budget_s=360.0,
+        kind="fragmentation",
+    ),
+    "graph": Suite(
+        "graph",
+        "Issue 7: the owned kernel eager vs CUDA-graph replay per verify call, prefix 1k and 64k, bs 1 and 32",
+        tuple(Case(bs, 16, 8, L, masks=("tree",)) for bs in (1, 32) for L in GRAPH_PREFIXES),
+        ("ours",),
+        (),
+        budget_s=180.0,
+        kind="graph",
+    ),
+}
+
+
+def get_suite(name: str) -> Suite:
+    if name not in SUITES:
+        raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
+    return SUITES[name]
+
+
+def parse_systems(text: str | None, suite: Suite) -> tuple[str, ...]:
+    """``--systems`` (comma list) -> the systems to run, in table order; None -> the suite's default."""
+    if text is None:
+        return suite.systems
+    want = [s.strip() for s in text.split(",") if s.strip()]
+    if not want:
+        raise ValueError(f"--systems: expected a comma list of {', '.join(SYSTEMS)}, got {text!r}")
+    bad = [s for s in want if s not in SYSTEMS]
+    if bad:
+        raise ValueError(f"--systems: unknown system(s) {', '.join(bad)}; expected some of {', '.join(SYSTEMS)}")
+    return tuple(s for s in SYSTEMS if s in want)

@@ -1,0 +1,242 @@
+"""The performance targets of issue 4, evaluated on the figures of one run.
+
+Every ratio uses the primary figure (graph replay; eager for a peer that
+could not be captured) of the same run. Each target is evaluated per case and
+reports its worst value, the case it came from and by how much it misses:
+
+- ``extend_50x``: ours (tree) at least 50x faster than SGLang's
+  ``extend_attention_fwd`` (tree) at prefix >= 23k (the long-context suite);
+- ``splitkv``: ours (chain) faster than SGLang's split-KV kernel on every chain
+  shape it can run;
+- ``flashmla``: ours (chain) / FlashMLA <= 1.25 (the gate's floor), goal 1.0;
+- ``tree_vs_chain``: ours tree <= 1.10 x ours chain of the same shape;
+- ``floor_fraction``: bs=1, H=8, N=16, prefix 65536: floor / ours (tree) >= 0.40;
+- ``fragmentation``: each slot layout within 10% of contiguous (ours, tree).
+
+Status: ``pass``/``fail``; ``n/a`` on a GPU other than the H200 (the targets
+were set there; figures are still shown); ``unmeasured`` when no case has the
+figures the target needs (a peer missing, unsupported or wrong everywhere),
+which fails the gate: an unproven target is not met. A case whose peer figure
+is missing is listed with the reason and not counted; a case where *ours* has
+no correct figure counts as a miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kdtree_engine.bench.results import Table
+from kdtree_engine.bench.suites import EXTEND_TARGET_MIN_PREFIX, FLOOR_SHAPE, Case
+
+TARGET_GPU = "H200"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    description: str
+    threshold: float
+    op: str  # "<=", "<" or ">="
+    unit: str  # "x" (ratio), "frac" (fraction), "pct" (penalty)
+    goal: float | None = None
+
+
+SPECS: dict[str, Spec] = {
+    "extend_50x": Spec("extend_50x", "ours >= 50x faster than SGLang extend at prefix >= 23k (tree)", 50.0, ">=", "x"),
+    "splitkv": Spec("splitkv", "ours faster than SGLang split-KV on every chain shape (time ratio)", 1.0, "<", "x"),
+    "flashmla": Spec("flashmla", "ours chain / FlashMLA <= 1.25 (goal 1.0)", 1.25, "<=", "x", goal=1.0),
+    "tree_vs_chain": Spec("tree_vs_chain", "ours tree <= 1.10 x ours chain of the same N", 1.10, "<=", "x"),
+    "floor_fraction": Spec("floor_fraction", "bs=1 H=8 N=16 prefix 65536: floor / ours tree >= 0.40", 0.40, ">=",
+                           "frac"),
+    "fragmentation": Spec("fragmentation", "fragmented slot ids within 10% of contiguous (ours, tree)", 0.10, "<=",
+                          "pct"),
+}
+
+
+@dataclass
+class TargetResult:
+    name: str
+    description: str
+    status: str  # pass | fail | n/a | unmeasured
+    threshold: float
+    op: str
+    measured: float | None = None
+    worst_case: str | None = None
+    miss: str | None = None
+    goal: float | None = None
+    goal_met: bool | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        unit = SPECS[self.name].unit
+        val = "-" if self.measured is None else _fmt(self.measured, unit)
+        s = f"{self.name}: {self.status.upper()} (worst {val}" + (f" at {self.worst_case}" if self.worst_case else "")
+        s += f"; target {self.op} {_fmt(self.threshold, unit)})"
+        if self.miss:
+            s += f"; misses by {self.miss}"
+        if self.goal is not None and self.measured is not None:
+            s += f"; goal {_fmt(self.goal, unit)} {'met' if self.goal_met else 'not met'}"
+        if self.note:
+            s += f"; {self.note}"
+        return s
+
+
+def _fmt(v: float, unit: str) -> str:
+    if unit == "pct":
+        return f"{v * 100:+.1f}%"
+    if unit == "frac":
+        return f"{v:.2f}"
+    return f"{v:.3g}x" if v >= 10 else f"{v:.3f}"
+
+
+def _ok(value: float, spec: Spec) -> bool:
+    if spec.op == "<=":
+        return value <= spec.threshold
+    if spec.op == "<":
+        return value < spec.threshold
+    return value >= spec.threshold
+
+
+def _miss(value: float, spec: Spec) -> str:
+    if spec.unit == "pct":
+        return f"{(value - spec.threshold) * 100:.1f} percentage points"
+    if spec.op == ">=":
+        return f"a factor {spec.threshold / value:.2f} (measured {_fmt(value, spec.unit)}, needs {_fmt(spec.threshold, spec.unit)})" \
+            if value > 0 else "everything (measured 0)"
+    return f"{(value / spec.threshold - 1) * 100:.1f}% (measured {_fmt(value, spec.unit)}, limit {_fmt(spec.threshold, spec.unit)})"
+
+
+def _ratio_rows(cases: Sequence[Case], table: Table, num: tuple[str, str], den: tuple[str, str],
+                keep: Callable[[Case], bool], invert: bool = False) -> list[dict[str, Any]]:
+    """value = time(num) / time(den) (or den / num with ``invert``) per case."""
+    rows = []
+    for c in cases:
+        if not keep(c):
+            continue
+        if num[1] not in c.masks or den[1] not in c.masks:
+            continue
+        a = table.time(c.name, *num)
+        b = table.time(c.name, *den)
+        row: dict[str, Any] = {"case": c.name, "value": None, "ok": None, "note": None,
+                               num[0] + "_" + num[1] + "_us": a, den[0] + "_" + den[1] + "_us": b}
+        missing_ours = [s for s, t in ((num, a), (den, b)) if t is None and s[0] == "ours"]
+        if missing_ours:
+            row["ok"] = False
+            row["note"] = "; ".join(table.why_not(c.name, *s) for s in missing_ours)
+        elif a is None or b is None:
+            row["note"] = "; ".join(table.why_not(c.name, *s) for s, t in ((num, a), (den, b)) if t is None)
+        else:
+            row["value"] = (b / a) if invert else (a / b)
+        rows.append(row)
+    return rows
+
+
+def _finish(spec: Spec, rows: list[dict[str, Any]], applicable: bool, note: str | None = None) -> TargetResult:
+    tr = TargetResult(spec.name, spec.description, "unmeasured", spec.threshold, spec.op, goal=spec.goal,
+                      rows=rows, note=note)
+    for r in rows:
+        if r["value"] is not None:
+            r["ok"] = _ok(r["value"], spec)
+    counted = [r for r in rows if r["ok"] is not None]
+    valued = [r for r in rows if r["value"] is not None]
+    if valued:
+        worst = max(valued, key=lambda r: r["value"]) if spec.op in ("<=", "<") else \
+            min(valued, key=lambda r: r["value"])
+        tr.measured, tr.worst_case = worst["value"], worst["case"]
+        if spec.goal is not None:
+            tr.goal_met = all(r["value"] <= spec.goal for r in valued)
+    bad = [r for r in counted if not r["ok"]]
+    if not counted:
+        tr.status = "unmeasured"
+        tr.note = tr.note or ("no case has the figures this target needs: "
+                              + ("; ".join(sorted({r["note"] for r in rows if r["note"]})) or "no such case in the run"))
+    else:
+        tr.status = "fail" if bad else "pass"
+        if bad:
+            no_value = [r for r in bad if r["value"] is None]
+            if no_value and tr.measured is None:
+                tr.miss = "no correct figure of ours: " + "; ".join(r["note"] for r in no_value)
+            else:
+                tr.miss = _miss(tr.measured, spec) if tr.measured is not None and not _ok(tr.measured, spec) else None
+                if no_value:
+                    tr.miss = (tr.miss + "; " if tr.miss else "") + f"{len(no_value)} case(s) without a correct figure of ours"
+            tr.note = (tr.note + "; " if tr.note else "") + f"{len(bad)}/{len(counted)} case(s) miss"
+    if not applicable:
+        tr.status = "n/a"
+        tr.miss = None
+    return tr
+
+
+def evaluate(names: Sequence[str], cases: Sequence[Case], table: Table, floors: dict[str, float],
+             gpu_name: str | None) -> list[TargetResult]:
+    """Evaluate the named targets on one run's figures."""
+    applicable = gpu_name is not None and TARGET_GPU in gpu_name
+    out = []
+    for name in names:
+        if name not in SPECS:
+            raise ValueError(f"target: expected one of {', '.join(SPECS)}, got {name!r}")
+        spec = SPECS[name]
+        if name == "extend_50x":
+            rows = _ratio_rows(cases, table, ("ours", "tree"), ("sglang-extend", "tree"),
+                               lambda c: c.prefix >= EXTEND_TARGET_MIN_PREFIX, invert=True)
+        elif name == "splitkv":
+            rows = _ratio_rows(cases, table, ("ours", "chain"), ("sglang-splitkv", "chain"), lambda c: True)
+        elif name == "flashmla":
+            rows = _ratio_rows(cases, table, ("ours", "chain"), ("flashmla", "chain"), lambda c: True)
+        elif name == "tree_vs_chain":
+            rows = _ratio_rows(cases, table, ("ours", "tree"), ("ours", "chain"), lambda c: True)
+        elif name == "floor_fraction":
+            rows = []
+            for c in cases:
+                if (c.bs, c.n, c.heads, c.prefix) != FLOOR_SHAPE or "tree" not in c.masks:
+                    continue
+                t = table.time(c.name, "ours", "tree")
+                fl = floors.get(c.name)
+                row = {"case": c.name, "value": None, "ok": None, "note": None, "ours_tree_us": t, "floor_us": fl}
+                if t is None:
+                    row["ok"], row["note"] = False, table.why_not(c.name, "ours", "tree")
+                elif fl is not None:
+                    row["value"] = fl / t
+                rows.append(row)
+        else:  # fragmentation
+            rows = _fragmentation_rows(cases, table)
+        out.append(_finish(spec, rows, applicable,
+                           None if applicable else f"targets are set for the {TARGET_GPU}; this GPU is {gpu_name}"))
+    return out
+
+
+def _fragmentation_rows(cases: Sequence[Case], table: Table) -> list[dict[str, Any]]:
+    base = {(c.bs, c.n, c.heads, c.prefix): c for c in cases if c.layout == "contiguous"}
+    rows = []
+    for c in cases:
+        if c.layout == "contiguous":
+            continue
+        ref = base.get((c.bs, c.n, c.heads, c.prefix))
+        t = table.time(c.name, "ours", "tree")
+        row: dict[str, Any] = {"case": c.name, "layout": c.layout, "prefix": c.prefix, "value": None, "ok": None,
+                               "note": None, "ours_us": t}
+        t0 = table.time(ref.name, "ours", "tree") if ref is not None else None
+        row["ours_contiguous_us"] = t0
+        e, e0 = table.time(c.name, "sglang-extend", "tree"), (
+            table.time(ref.name, "sglang-extend", "tree") if ref is not None else None)
+        row["extend_us"], row["extend_contiguous_us"] = e, e0
+        row["extend_penalty"] = (e / e0 - 1) if e is not None and e0 is not None else None
+        if ref is None:
+            row["note"] = "no contiguous case of this shape in the run"
+        elif t is None or t0 is None:
+            row["ok"] = False
+            row["note"] = table.why_not(c.name if t is None else ref.name, "ours", "tree")
+        else:
+            row["value"] = t / t0 - 1
+        rows.append(row)
+    return rows
+
+
+def gate_passes(targets: Sequence[TargetResult]) -> bool:
+    return all(t.status == "pass" for t in targets)

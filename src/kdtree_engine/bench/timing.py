@@ -1,0 +1,127 @@
+"""Time one system on one case, two ways, and check its outputs.
+
+- **replay** (the primary figure): ``calls`` verify calls over the rotated input
+  sets are captured in one ``torch.cuda.CUDAGraph``; each replay is timed with
+  CUDA events; figure = median replay time / calls. This is the kernel's
+  speed without the Python launch path (SGLang captures verify in graphs).
+- **eager**: the same ``calls`` launched back to back from Python between two
+  CUDA events (median over repetitions, per call): what an eager server pays,
+  host overhead included whenever it exceeds the GPU time. (``do_bench``'s L2
+  flush before every call would hide the host overhead behind the flush.)
+
+Correctness: the first eager call of set 0 and the first replay of set 0
+(its output poisoned with NaN just before) are compared with the fp32
+reference (:func:`kdtree_engine.oracle.compare.compare`).
+
+A peer that cannot be captured is still timed eagerly; ``graph_error`` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kdtree_engine.oracle import compare
+
+Runner = Callable[[], torch.Tensor]
+
+
+@dataclass
+class Measurement:
+    replay_us: float | None = None
+    eager_us: float | None = None
+    graph_error: str | None = None
+    rotations: int = 1
+    calls: int = 1
+    replay_reps: int = 0
+    eager_reps: int = 0
+    check_eager: dict[str, Any] | None = None
+    check_replay: dict[str, Any] | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        checks = [c for c in (self.check_eager, self.check_replay) if c is not None]
+        return bool(checks) and all(c["passed"] for c in checks)
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def _timed_ms(fn: Callable[[], Any]) -> float:
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def _reps(budget_s: float, ms_per_rep: float, lo: int, hi: int) -> int:
+    return max(lo, min(hi, int(budget_s * 1e3 / max(ms_per_rep, 1e-3))))
+
+
+def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
+            max_graph_ms: float = 60.0, min_reps: int = 3, max_reps: int = 100,
+            graph: bool = True) -> Measurement:
+    """Warm up, check, and time ``fns`` (one runner per rotated input set)."""
+    m = Measurement(rotations=len(fns))
+    out0 = fns[0]()
+    for f in fns[1:]:
+        f()
+    torch.cuda.synchronize()
+    m.check_eager = compare.compare(out0.reshape(ref.shape), ref).as_dict()
+
+    t_est = min(_timed_ms(fns[0]) for _ in range(3))
+    calls = len(fns)
+    if t_est * calls > max_graph_ms:
+        calls = max(1, int(max_graph_ms / max(t_est, 1e-3)))
+    m.calls = calls
+
+    def loop() -> None:
+        for i in range(calls):
+            fns[i % len(fns)]()
+
+    if graph:
+        g = None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loop()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                outs = [fns[i % len(fns)]() for i in range(calls)]
+            outs[0].fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            m.check_replay = compare.compare(outs[0].reshape(ref.shape), ref).as_dict()
+            reps = _reps(budget_s, _timed_ms(g.replay), min_reps, max_reps)
+            times = [_timed_ms(g.replay) for _ in range(reps)]
+            m.replay_reps = reps
+            m.samples["replay_ms"] = times
+            m.replay_us = _median(times) * 1e3 / calls
+        except Exception as e:  # a peer that cannot be captured: its eager figure stands
+            m.graph_error = f"{type(e).__name__}: {str(e)[:300]}"
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                pass
+        finally:
+            del g
+    loop()
+    torch.cuda.synchronize()
+    reps = _reps(budget_s, _timed_ms(loop), min_reps, max_reps)
+    times = [_timed_ms(loop) for _ in range(reps)]
+    m.eager_reps = reps
+    m.samples["eager_ms"] = times
+    m.eager_us = _median(times) * 1e3 / calls
+    return m

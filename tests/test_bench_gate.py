@@ -1,0 +1,280 @@
+"""The bench gate's command line, its no-GPU failure, and a whole run on a simulated CUDA (CPU).
+
+The simulated CUDA replaces the few ``torch.cuda`` entry points the bench uses
+(events timed with the host clock, a graph that replays the runners recorded
+during capture, no-op synchronisation) and the peers by small fakes: the
+gate's control flow, error handling, report and evidence are the real ones.
+The real thing runs under the ``gpu`` marker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import types
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from kdtree_engine.bench import gate, peers, roofline, suites
+from kdtree_engine.bench.suites import Case, Suite
+from kdtree_engine.oracle import reference
+from kdtree_engine.pipeline import evidence
+
+
+def test_bad_suite_and_systems_exit_2(capsys, tmp_path):
+    assert gate.main(["--suite", "nano", "--evidence-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--suite: expected one of micro, long-context, fragmentation, graph, got 'nano'" in err
+    assert gate.main(["--systems", "ours,trtllm", "--evidence-dir", str(tmp_path)]) == 2
+    assert "unknown system(s) trtllm" in capsys.readouterr().err
+    assert gate.main(["--budget-s", "-5", "--evidence-dir", str(tmp_path)]) == 2
+    assert "--budget-s: expected a positive number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        gate.main(["--frobnicate"])
+    assert e.value.code == 2
+    assert not list(tmp_path.iterdir())  # bad usage writes nothing
+
+
+def test_list_needs_no_gpu(capsys):
+    assert gate.main(["--suite", "long-context", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "bs1-N64-H8-L91000" in out and "10 cases" in out and "extend_50x" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU failure")
+def test_no_cuda_fails_with_one_sentence(tmp_path, capsys):
+    assert gate.main(["--suite", "graph", "--evidence-dir", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    rec = evidence.load_record(tmp_path / "bench-graph.json")
+    assert rec["passed"] is False and rec["variant"] == "graph" and "CUDA" in rec["reason"]
+
+
+# ----------------------------------------------------------------------------- simulated CUDA
+
+
+class _State:
+    capture = None
+
+
+class _Event:
+    def __init__(self, enable_timing: bool = False):
+        self.t = 0.0
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other: _Event) -> float:
+        return (other.t - self.t) * 1e3
+
+
+class _Graph:
+    def __init__(self):
+        self.calls = []
+
+    def replay(self):
+        for f in self.calls:
+            f()
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+@contextmanager
+def _graph(g, **kw):
+    _State.capture = g
+    try:
+        yield
+    finally:
+        _State.capture = None
+
+
+@contextmanager
+def _stream(s):
+    yield
+
+
+def _runner(batch, delay_s=0.0, capturable=True, fail=False):
+    out = torch.full((batch.q.shape[0], batch.q.shape[1], 512), float("nan"), dtype=torch.bfloat16)
+
+    def run():
+        if _State.capture is not None:
+            if not capturable:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            _State.capture.calls.append(run_now)
+            return out
+        return run_now()
+
+    def run_now():
+        if fail:
+            raise RuntimeError("simulated peer crash")
+        if delay_s:
+            time.sleep(delay_s)
+        out.copy_(reference.verify_attention_ref(*batch.ref_args())[0])
+        return out
+
+    return run
+
+
+class _Fake(peers.Peer):
+    def __init__(self, name, trees=True, missing=None, unsupported=False, **kw):
+        self.name, self.label, self.supports_trees = name, name, trees
+        self._missing, self._unsupported, self._kw = missing, unsupported, kw
+
+    def check(self):
+        return self._missing
+
+    def prepare(self, batch):
+        if self._unsupported:
+            raise peers.PeerUnsupported("simulated: cannot handle this case")
+        return _runner(batch, **self._kw)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    props = types.SimpleNamespace(name="NVIDIA H200 (simulated)", major=9, minor=0, multi_processor_count=132,
+                                  L2_cache_size=200_000, total_memory=141 << 30)
+    c = torch.cuda
+    for name, val in {"is_available": lambda: True, "get_device_properties": lambda *a: props,
+                      "current_device": lambda: 0, "synchronize": lambda *a, **k: None, "Event": _Event,
+                      "Stream": _Stream, "current_stream": lambda *a: _Stream(), "stream": _stream,
+                      "CUDAGraph": _Graph, "graph": _graph, "empty_cache": lambda: None}.items():
+        monkeypatch.setattr(c, name, val)
+    monkeypatch.setattr(roofline, "measure", lambda: roofline.Ceilings(4.27e12, 790e12))
+    monkeypatch.setattr(gate, "_cuda_alive", lambda: None)
+    monkeypatch.setattr(gate, "DEVICE", "cpu")
+    monkeypatch.setattr(gate, "MEASURE_BUDGET_S", 0.01)
+    fakes = {p.name: p for p in (
+        _Fake("ours"),
+        _Fake("sglang-extend", delay_s=0.002, fail=False),
+        _Fake("sglang-splitkv", trees=False, capturable=False),
+        _Fake("flashmla", trees=False, missing="ModuleNotFoundError: No module named 'flash_mla'"),
+    )}
+    monkeypatch.setattr(peers, "PEERS", fakes)
+    return fakes
+
+
+TINY = (Case(1, 4, 2, 40), Case(2, 3, 2, 90))
+
+
+def _suite(monkeypatch, targets, systems=suites.SYSTEMS, kind="compare", name="tiny"):
+    s = Suite(name, "a tiny simulated suite", TINY, systems, targets, budget_s=60, kind=kind)
+    monkeypatch.setitem(suites.SUITES, name, s)
+    return s
+
+
+def _run(tmp_path, *args):
+    code = gate.main(["--suite", "tiny", "--out", str(tmp_path / "out"), "--evidence-dir", str(tmp_path / "ev"),
+                      *args])
+    rec = evidence.load_record(tmp_path / "ev" / "bench-tiny.json")
+    return code, rec
+
+
+def test_simulated_run_records_every_status(fake_cuda, monkeypatch, tmp_path, capsys):
+    _suite(monkeypatch, ("tree_vs_chain", "flashmla", "splitkv"))
+    fake_cuda["sglang-extend"]._kw["fail"] = True  # a crashing peer
+    code, rec = _run(tmp_path)
+    out = capsys.readouterr().out
+    assert code == 1 and rec["passed"] is False  # FlashMLA is missing: its target is unmeasured
+    assert "flashmla: UNMEASURED" in rec["reason"]
+    st = {(r["case"], r["system"], r["mask"]): r for r in rec["details"]["results"]}
+    for c in TINY:
+        assert st[(c.name, "ours", "tree")]["status"] == "ok" and st[(c.name, "ours", "chain")]["status"] == "ok"
+        assert st[(c.name, "ours", "tree")]["replay_us"] > 0 and st[(c.name, "ours", "tree")]["eager_us"] > 0
+        assert st[(c.name, "ours", "tree")]["check"]["passed"]
+        assert st[(c.name, "flashmla", "chain")]["status"] == "missing"
+        assert st[(c.name, "sglang-extend", "tree")]["status"] == "error"
+        assert "simulated peer crash" in st[(c.name, "sglang-extend", "tree")]["error"]
+        sk = st[(c.name, "sglang-splitkv", "chain")]
+        assert sk["status"] == "ok" and sk["replay_us"] is None and sk["eager_us"] > 0
+        assert "stream is capturing" in sk["graph_error"]
+        assert (c.name, "sglang-splitkv", "tree") not in st  # chain-only peer
+    assert rec["variant"] == "tiny" and rec["metrics"]["missing"] == ["flashmla"]
+    table = rec["details"]["markdown_table"]
+    assert table.splitlines()[0].startswith("| case | ours tree | ours chain | SGLang extend")
+    assert "(eager)" in table and "missing" in table and "error" in table
+    report = json.loads((tmp_path / "out" / "tiny.json").read_text())
+    assert len(report["results"]) == len(rec["details"]["results"])
+    assert (tmp_path / "out" / "tiny.md").exists()
+    assert "MISSING" in out and "[2/2]" in out  # progress printed
+
+
+def test_simulated_wrong_output_and_unsupported(fake_cuda, monkeypatch, tmp_path):
+    _suite(monkeypatch, ())
+    fake_cuda["sglang-splitkv"]._unsupported = True
+    real = fake_cuda["ours"].prepare
+
+    def lying(batch):  # writes its output only on replay: the eager check must catch it
+        run = real(batch)
+        return lambda: run() if _State.capture is not None else torch.zeros(
+            (batch.q.shape[0], batch.q.shape[1], 512), dtype=torch.bfloat16)
+
+    monkeypatch.setattr(fake_cuda["ours"], "prepare", lying)
+    code, rec = _run(tmp_path, "--systems", "ours,sglang-splitkv")
+    assert code == 1
+    st = {(r["case"], r["system"], r["mask"]): r for r in rec["details"]["results"]}
+    assert st[(TINY[0].name, "ours", "tree")]["status"] == "wrong"
+    assert st[(TINY[0].name, "sglang-splitkv", "chain")]["status"] == "unsupported"
+    assert "not correct" in rec["reason"]
+
+
+def test_simulated_pass_without_targets(fake_cuda, monkeypatch, tmp_path):
+    _suite(monkeypatch, (), systems=("ours",), kind="graph")
+    code, rec = _run(tmp_path)
+    assert code == 0 and rec["passed"] is True and rec["reason"] is None
+    assert "eager" in rec["headline"] and "replay" in rec["headline"]
+    assert "| eager / replay |" in rec["details"]["markdown_table"]
+
+
+def test_simulated_sticky_cuda_fault_ends_the_suite_keeps_figures(fake_cuda, monkeypatch, tmp_path):
+    _suite(monkeypatch, (), systems=("ours", "sglang-extend", "sglang-splitkv"))
+    fake_cuda["sglang-extend"]._kw["fail"] = True
+    monkeypatch.setattr(gate, "_cuda_alive", lambda: "AcceleratorError: CUDA error: an illegal memory access")
+    code, rec = _run(tmp_path)
+    assert code == 1 and "CUDA context is broken" in rec["reason"]
+    st = {(r["case"], r["system"], r["mask"]): r["status"] for r in rec["details"]["results"]}
+    assert st[(TINY[0].name, "ours", "tree")] == "ok"  # taken before the fault: kept
+    assert st[(TINY[0].name, "sglang-extend", "tree")] == "error"
+    assert st[(TINY[0].name, "sglang-splitkv", "chain")] == "error"  # after the fault, same case
+    assert {st[k] for k in st if k[0] == TINY[1].name} == {"skipped"}
+
+
+def test_simulated_budget_exhausted_skips_and_fails(fake_cuda, monkeypatch, tmp_path):
+    _suite(monkeypatch, (), systems=("ours",))
+    code, rec = _run(tmp_path, "--budget-s", "1e-9")
+    assert code == 1 and "budget" in rec["reason"]
+    assert {r["status"] for r in rec["details"]["results"]} == {"skipped"}
+
+
+def test_simulated_other_gpu_targets_not_applicable(fake_cuda, monkeypatch, tmp_path):
+    _suite(monkeypatch, ("tree_vs_chain",), systems=("ours",))
+    props = torch.cuda.get_device_properties()
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *a: types.SimpleNamespace(**{**props.__dict__, "name": "NVIDIA RTX PRO 6000"}))
+    code, rec = _run(tmp_path)
+    assert code == 1 and "not applicable" in rec["reason"]
+    assert rec["metrics"]["targets"]["tree_vs_chain"]["status"] == "n/a"
+    assert rec["metrics"]["targets"]["tree_vs_chain"]["measured"] > 0  # timings still recorded
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_suite_on_gpu(tmp_path):
+    """The real gate, smallest suite (the owned kernel only)."""
+    code = gate.main(["--suite", "graph", "--out", str(tmp_path / "o"), "--evidence-dir", str(tmp_path)])
+    rec = evidence.load_record(tmp_path / "bench-graph.json")
+    assert code == (0 if rec["passed"] else 1)
+    assert all(r["status"] == "ok" for r in rec["details"]["results"]), rec["reason"]
+
+
+def test_case_seed_same_request_across_layouts():
+    a, b = Case(1, 16, 8, 4096, layout="contiguous"), Case(1, 16, 8, 4096, layout="runs16")
+    assert gate.case_seed(a, 0) == gate.case_seed(b, 0)
+    assert gate.case_seed(a, 0) != gate.case_seed(Case(1, 16, 8, 23000), 0)
+    assert gate.case_seed(a, 0) != gate.case_seed(a, 1)

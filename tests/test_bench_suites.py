@@ -1,0 +1,155 @@
+"""Suite definitions, floor arithmetic and input sets (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree_engine.bench import data, roofline, suites
+from kdtree_engine.bench.peers import PEERS, PeerUnsupported, paged_chain_cache
+from kdtree_engine.bench.suites import Case
+from kdtree_engine.oracle import reference, workloads
+
+# DESIGN section 6, as printed there: (bs, T, H, ctx) and its floor in microseconds
+DESIGN_ROWS = [
+    (1, 16, 8, 4096, 1.4), (1, 16, 8, 23000, 8.1), (1, 16, 8, 65536, 23.1), (1, 16, 8, 91000, 32.1),
+    (1, 16, 64, 32768, 92.5), (8, 16, 8, 32768, 92.5), (32, 8, 16, 8192, 92.5), (64, 4, 16, 4096, 70.7),
+    (64, 4, 16, 16384, 283), (16, 8, 128, 8192, 370), (1, 4, 128, 65536, 92.4), (1, 64, 8, 65536, 92.5),
+    (4, 32, 16, 32768, 185),
+]
+
+
+def test_micro_is_the_design_table():
+    micro = suites.SUITES["micro"]
+    assert [(c.bs, c.n, c.heads, c.prefix) for c in micro.cases] == [r[:4] for r in DESIGN_ROWS]
+    assert all(c.masks == ("tree", "chain") for c in micro.cases)
+    assert micro.systems == suites.SYSTEMS
+    assert "extend_50x" not in micro.targets  # DESIGN: the 50x target is the long-context suite's
+
+
+def test_long_context_suite():
+    lc = suites.SUITES["long-context"]
+    assert {(c.bs, c.heads) for c in lc.cases} == {(1, 8)}
+    assert sorted({c.n for c in lc.cases}) == [16, 64]
+    assert sorted({c.prefix for c in lc.cases}) == [23000, 32768, 49152, 65536, 91000]
+    assert len(lc.cases) == 10 and "extend_50x" in lc.targets and "floor_fraction" in lc.targets
+    assert suites.FLOOR_SHAPE in {(c.bs, c.n, c.heads, c.prefix) for c in lc.cases}
+
+
+def test_fragmentation_and_graph_suites():
+    fr = suites.SUITES["fragmentation"]
+    assert {c.layout for c in fr.cases} == {"contiguous", "runs16", "runs64", "runs256", "fragmented"}
+    assert min(c.prefix for c in fr.cases) == 4096 and max(c.prefix for c in fr.cases) == 91000
+    assert fr.systems == ("ours", "sglang-extend") and fr.targets == ("fragmentation",)
+    assert len({c.name for c in fr.cases}) == len(fr.cases)
+    gr = suites.SUITES["graph"]
+    assert {(c.bs, c.prefix) for c in gr.cases} == {(1, 1024), (1, 65536), (32, 1024), (32, 65536)}
+    assert gr.systems == ("ours",) and gr.targets == ()
+
+
+def test_case_names_unique_and_checked():
+    for s in suites.SUITES.values():
+        assert len({c.name for c in s.cases}) == len(s.cases)
+    with pytest.raises(ValueError, match="Case.masks"):
+        Case(1, 4, 8, 10, masks=("square",))
+    with pytest.raises(ValueError, match="Case.bs"):
+        Case(0, 4, 8, 10)
+
+
+def test_get_suite_and_systems_errors():
+    with pytest.raises(ValueError, match=r"--suite: expected one of micro, long-context.*got 'nano'"):
+        suites.get_suite("nano")
+    micro = suites.SUITES["micro"]
+    assert suites.parse_systems(None, micro) == suites.SYSTEMS
+    assert suites.parse_systems("flashmla,ours", micro) == ("ours", "flashmla")  # table order
+    with pytest.raises(ValueError, match="unknown system.*vllm"):
+        suites.parse_systems("ours,vllm", micro)
+    with pytest.raises(ValueError, match="--systems: expected a comma list"):
+        suites.parse_systems(" , ", micro)
+
+
+@pytest.mark.parametrize("row", DESIGN_ROWS, ids=lambda r: f"bs{r[0]}-N{r[1]}-H{r[2]}-L{r[3]}")
+def test_floor_matches_design_table(row):
+    bs, n, h, L, design_us = row
+    ce = roofline.Ceilings(4.27e12, 790e12)
+    got = roofline.floor_us(Case(bs, n, h, L), ce)
+    # DESIGN's memory-bound rows count the KV only; ours adds q, k_ext and out (a few percent)
+    assert design_us * 0.99 <= got <= design_us * 1.05
+
+
+def test_floor_terms_by_hand():
+    c = Case(2, 4, 16, 1000)
+    assert roofline.case_bytes(c) == 2 * 1000 * 1152 + 2 * 4 * 16 * 1152 + 2 * 4 * 1152 + 2 * 4 * 16 * 1024
+    assert roofline.case_flops(c) == 2 * (2 * 64 * 1004 * 1088)
+    slow_mem = roofline.Ceilings(1e9, 1e15)
+    t = roofline.floor_terms(c, slow_mem)
+    assert t["bound"] == "memory" and t["floor_us"] == pytest.approx(roofline.case_bytes(c) / 1e9 * 1e6)
+    slow_mm = roofline.Ceilings(1e15, 1e9)
+    assert roofline.floor_terms(c, slow_mm)["bound"] == "compute"
+    with pytest.raises(ValueError, match="ceilings must be positive"):
+        roofline.floor_us(c, roofline.Ceilings(0.0, 1.0))
+
+
+def test_rotations():
+    l2 = 60 * 2**20
+    tiny, big = Case(1, 16, 8, 64), Case(64, 4, 16, 16384)
+    assert data.rotations(big, l2) == 1
+    assert data.rotations(tiny, l2) == data.MAX_ROTATIONS
+    for mid in (Case(1, 16, 8, 4096), Case(1, 16, 8, 65536)):
+        r = data.rotations(mid, l2)
+        assert r * roofline.case_bytes(mid) >= 3 * l2 > (r - 1) * roofline.case_bytes(mid)
+
+
+def test_build_sets_layout_masks_and_data():
+    c = Case(2, 5, 3, 100, layout="runs16")
+    sets = data.build_sets(c, 2, "cpu", seed=3)
+    tree, chain = sets[0].batch("tree"), sets[0].batch("chain")
+    assert tree.q is chain.q and tree.kv_buffer is chain.kv_buffer
+    assert tree.kv_indptr.tolist() == [0, 100, 200] and tree.qo_indptr.tolist() == [0, 5, 10]
+    for b in range(2):
+        L, n = 100, 5
+        m = chain.custom_mask[chain.mask_indptr[b]: chain.mask_indptr[b + 1]].view(n, L + n)
+        assert torch.equal(m, workloads.full_mask(workloads.chain(n), L))
+        mt = tree.custom_mask[tree.mask_indptr[b]: tree.mask_indptr[b + 1]].view(n, L + n)
+        assert torch.equal(mt, workloads.full_mask(tree.parents[b], L))
+    ids = tree.kv_indices
+    assert ids.unique().numel() == ids.numel() and int(ids.min()) >= 1
+    assert int(ids.max()) < tree.kv_buffer.shape[0]
+    # random, never zeros; the sets hold different data
+    assert tree.q.float().std() > 0.5 and not torch.equal(sets[0].batch("tree").q, sets[1].batch("tree").q)
+    with pytest.raises(KeyError, match="mask 'square' not built"):
+        sets[0].batch("square")
+
+
+def test_same_request_whatever_the_layout():
+    outs = []
+    for lay in ("contiguous", "runs16", "fragmented"):
+        b = data.build_sets(Case(2, 4, 2, 70, layout=lay, masks=("tree",)), 1, "cpu", seed=5)[0].batch("tree")
+        outs.append(reference.verify_attention_ref(*b.ref_args())[0])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_paged_chain_cache_holds_prefix_then_drafts():
+    b = data.build_sets(Case(3, 5, 2, 70), 1, "cpu")[0].batch("chain")
+    k_cache, table, lens = paged_chain_cache(b, page=16)
+    assert lens.tolist() == [75, 75, 75] and k_cache.shape[1:] == (16, 1, 576)
+    flat = k_cache.view(-1, 576)
+    for r in range(3):
+        rows = torch.cat([flat[int(blk) * 16: int(blk) * 16 + 16] for blk in table[r, : -(-75 // 16)]])[:75]
+        want = torch.cat([b.kv_buffer[b.kv_indices[70 * r: 70 * (r + 1)], 0], b.k_ext[5 * r: 5 * (r + 1), 0]])
+        assert torch.equal(rows, want)
+
+
+def test_peer_masks_and_splitkv_adapter_arguments():
+    assert PEERS["ours"].masks(("tree", "chain")) == ("tree", "chain")
+    assert PEERS["flashmla"].masks(("tree", "chain")) == ("chain",)
+    assert PEERS["sglang-splitkv"].masks(("tree",)) == ()
+    assert PEERS["sglang-extend"].masks(("tree", "chain")) == ("tree",)
+    split = PEERS["sglang-splitkv"]
+    if split.check() is not None:
+        pytest.skip(f"sglang verify_mla not importable: {split.check()}")
+    b = data.build_sets(Case(2, 4, 8, 64), 1, "cpu")[0].batch("chain")
+    assert callable(split.prepare(b))  # can_handle accepts SGLang's own topk=1 verify layout
+    ragged = workloads.Batch(**{**b.__dict__, "max_n": 5})  # rows != bs * max_len_extend
+    with pytest.raises(PeerUnsupported, match="can_handle"):
+        split.prepare(ragged)

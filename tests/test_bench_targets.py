@@ -1,0 +1,174 @@
+"""Target evaluation on synthetic timings: every pass/fail branch, other GPUs, missing peers."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdtree_engine.bench.gate import verdict
+from kdtree_engine.bench.results import Result, Table
+from kdtree_engine.bench.suites import SUITES, Case
+from kdtree_engine.bench.targets import SPECS, evaluate, gate_passes
+
+H200 = "NVIDIA H200"
+LC = [Case(1, 16, 8, 23000), Case(1, 16, 8, 65536)]
+
+
+def table(times: dict[tuple[str, str, str], float | str]) -> Table:
+    """(case, system, mask) -> microseconds, or a status string for a failed figure."""
+    rows = []
+    for (c, s, m), v in times.items():
+        if isinstance(v, str):
+            rows.append(Result(c, s, m, v, error=f"{v} on purpose"))
+        else:
+            rows.append(Result(c, s, m, "ok", replay_us=float(v), eager_us=float(v) * 2))
+    return Table(rows)
+
+
+def good(cases=LC, ours=20.0, chain=19.0, ext=None, split=100.0, fm=18.0) -> dict:
+    t = {}
+    for c in cases:
+        t[(c.name, "ours", "tree")] = ours
+        t[(c.name, "ours", "chain")] = chain
+        t[(c.name, "sglang-extend", "tree")] = ext if ext is not None else ours * 100
+        t[(c.name, "sglang-splitkv", "chain")] = split
+        t[(c.name, "flashmla", "chain")] = fm
+    return t
+
+
+FLOORS = {c.name: 10.0 for c in LC}
+ALL = ("extend_50x", "splitkv", "flashmla", "tree_vs_chain", "floor_fraction")
+
+
+def by_name(ts):
+    return {t.name: t for t in ts}
+
+
+def test_all_targets_pass_with_good_figures():
+    ts = by_name(evaluate(ALL, LC, table(good()), FLOORS, H200))
+    assert {t.status for t in ts.values()} == {"pass"}
+    assert ts["extend_50x"].measured == pytest.approx(100.0)
+    assert ts["floor_fraction"].measured == pytest.approx(0.5)
+    assert ts["flashmla"].measured == pytest.approx(19 / 18)
+    assert ts["flashmla"].goal_met is False  # 1.06 passes the 1.25 floor but misses the 1.0 goal
+    assert gate_passes(list(ts.values()))
+
+
+def test_extend_50x_fails_and_says_by_how_much():
+    t = good()
+    t[(LC[1].name, "sglang-extend", "tree")] = 20.0 * 40  # 40x at 64k
+    tr = by_name(evaluate(("extend_50x",), LC, table(t), FLOORS, H200))["extend_50x"]
+    assert tr.status == "fail" and tr.worst_case == LC[1].name
+    assert tr.measured == pytest.approx(40.0)
+    assert "1.25" in tr.miss  # a factor 50/40 short
+    assert "FAIL" in tr.summary()
+
+
+def test_extend_50x_ignores_prefixes_below_23k():
+    cases = [Case(1, 16, 8, 4096), Case(1, 16, 8, 23000)]
+    t = good(cases)
+    t[(cases[0].name, "sglang-extend", "tree")] = 20.0 * 2  # only 2x at 4k: not a target there
+    tr = by_name(evaluate(("extend_50x",), cases, table(t), {}, H200))["extend_50x"]
+    assert tr.status == "pass" and [r["case"] for r in tr.rows] == [cases[1].name]
+
+
+def test_splitkv_must_be_strictly_faster():
+    t = good(split=19.0)  # ours chain 19.0 == split-KV: not faster
+    tr = by_name(evaluate(("splitkv",), LC, table(t), FLOORS, H200))["splitkv"]
+    assert tr.status == "fail" and tr.measured == pytest.approx(1.0)
+
+
+def test_splitkv_unsupported_shape_is_listed_not_counted():
+    t = good()
+    t[(LC[0].name, "sglang-splitkv", "chain")] = "error"  # e.g. shared memory at N=64
+    tr = by_name(evaluate(("splitkv",), LC, table(t), FLOORS, H200))["splitkv"]
+    assert tr.status == "pass"
+    row = next(r for r in tr.rows if r["case"] == LC[0].name)
+    assert row["ok"] is None and "error" in row["note"]
+
+
+def test_flashmla_over_125_fails_between_goal_and_floor_passes():
+    tr = by_name(evaluate(("flashmla",), LC, table(good(chain=24.0, fm=18.0)), FLOORS, H200))["flashmla"]
+    assert tr.status == "fail" and tr.measured == pytest.approx(24 / 18)
+    assert "%" in tr.miss
+    tr = by_name(evaluate(("flashmla",), LC, table(good(chain=17.0, fm=18.0)), FLOORS, H200))["flashmla"]
+    assert tr.status == "pass" and tr.goal_met is True
+
+
+def test_tree_vs_chain():
+    tr = by_name(evaluate(("tree_vs_chain",), LC, table(good(ours=22.0, chain=19.0)), FLOORS, H200))
+    assert tr["tree_vs_chain"].status == "fail" and tr["tree_vs_chain"].measured == pytest.approx(22 / 19)
+    tr = by_name(evaluate(("tree_vs_chain",), LC, table(good(ours=20.0, chain=19.0)), FLOORS, H200))
+    assert tr["tree_vs_chain"].status == "pass"
+
+
+def test_floor_fraction():
+    tr = by_name(evaluate(("floor_fraction",), LC, table(good(ours=30.0)), FLOORS, H200))["floor_fraction"]
+    assert tr.status == "fail" and tr.measured == pytest.approx(10 / 30)
+    assert [r["case"] for r in tr.rows] == [LC[1].name]  # only the bs=1 H=8 N=16 65536 shape
+
+
+def test_ours_error_is_a_miss_not_a_skip():
+    t = good()
+    t[(LC[0].name, "ours", "chain")] = "wrong"
+    tr = by_name(evaluate(("flashmla",), LC, table(t), FLOORS, H200))["flashmla"]
+    assert tr.status == "fail" and "without a correct figure of ours" in tr.miss
+
+
+def test_missing_peer_leaves_target_unmeasured():
+    t = {k: v for k, v in good().items() if k[1] != "flashmla"}
+    for c in LC:
+        t[(c.name, "flashmla", "chain")] = "missing"
+    tr = by_name(evaluate(("flashmla",), LC, table(t), FLOORS, H200))["flashmla"]
+    assert tr.status == "unmeasured" and "missing" in tr.note
+    assert not gate_passes([tr])
+
+
+def test_other_gpu_is_not_applicable_but_figures_are_kept():
+    t = good(chain=40.0)  # would fail on the H200
+    ts = evaluate(ALL, LC, table(t), FLOORS, "NVIDIA RTX PRO 6000 Blackwell")
+    assert {x.status for x in ts} == {"n/a"}
+    assert by_name(ts)["flashmla"].measured == pytest.approx(40 / 18)
+    assert by_name(ts)["flashmla"].miss is None
+    assert not gate_passes(ts)
+    ok, why = verdict(SUITES["long-context"], ("ours", "flashmla"), [], ts, [], "NVIDIA RTX PRO 6000 Blackwell")
+    assert not ok and "H200" in why and "not applicable" in why
+
+
+def test_fragmentation_penalty():
+    cases = [Case(1, 16, 8, L, layout=lay, masks=("tree",)) for L in (4096, 65536)
+             for lay in ("contiguous", "runs16", "fragmented")]
+    t = {}
+    for c in cases:
+        base = 10.0 if c.prefix == 4096 else 30.0
+        t[(c.name, "ours", "tree")] = base * (1.05 if c.layout != "contiguous" else 1.0)
+        t[(c.name, "sglang-extend", "tree")] = base * 100 * (1.5 if c.layout == "fragmented" else 1.0)
+    tr = by_name(evaluate(("fragmentation",), cases, table(t), {}, H200))["fragmentation"]
+    assert tr.status == "pass" and tr.measured == pytest.approx(0.05)
+    frag = [r for r in tr.rows if r["layout"] == "fragmented"]
+    assert all(r["extend_penalty"] == pytest.approx(0.5) for r in frag)
+    t[(cases[-1].name, "ours", "tree")] = 30.0 * 1.2
+    tr = by_name(evaluate(("fragmentation",), cases, table(t), {}, H200))["fragmentation"]
+    assert tr.status == "fail" and tr.worst_case == cases[-1].name
+    assert "percentage points" in tr.miss and "+20.0%" in tr.summary()
+
+
+def test_unknown_target_name():
+    with pytest.raises(ValueError, match="target: expected one of"):
+        evaluate(("nope",), LC, table(good()), FLOORS, H200)
+
+
+def test_every_suite_names_known_targets():
+    for s in SUITES.values():
+        assert set(s.targets) <= set(SPECS)
+
+
+def test_verdict_fails_on_ours_errors_and_skips():
+    ts = evaluate(("tree_vs_chain",), LC, table(good()), FLOORS, H200)
+    res = [Result(LC[0].name, "ours", "tree", "ok", replay_us=1.0),
+           Result(LC[1].name, "ours", "tree", "skipped", error="the suite's time budget (1 s) ran out")]
+    ok, why = verdict(SUITES["micro"], ("ours",), res, ts, [], H200)
+    assert not ok and "budget" in why and "not correct or not measured" in why
+    ok, why = verdict(SUITES["micro"], ("ours",), res[:1], ts, [], H200)
+    assert ok and why is None
+    ok, why = verdict(SUITES["micro"], ("flashmla",), [], ts, [], H200)
+    assert not ok and "'ours' was not among --systems" in why
