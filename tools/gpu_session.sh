@@ -31,9 +31,9 @@ for step in "$@"; do
     graph) python3 -m kdtree_engine graph ;;
     defrag) python3 -m kdtree_engine defrag ;;
     bench-gpu-tests) python3 -m pytest -q -m gpu tests/test_bench_gpu.py -x -p no:cacheprovider ;;
-    bench-micro) python3 -m kdtree_engine bench --suite micro --out /tmp/bench ;;
-    bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench ;;
-    bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench ;;
+    bench-micro) python3 -m kdtree_engine bench --suite micro --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
+    bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
+    bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

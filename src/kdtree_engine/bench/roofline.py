@@ -95,7 +95,11 @@ def _median_ms(fn, reps: int) -> float:
 def _copy_ms(n_el: int, reps: int) -> float:
     import torch
 
-    src = torch.randn(n_el, device="cuda", dtype=torch.bfloat16)
+    # An explicit generator: a peer whose CUDA-graph capture failed earlier in the
+    # run can leave the default CUDA generator unusable ("Offset increment outside
+    # graph capture"); seen on the H200.
+    g = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.randn(n_el, device="cuda", dtype=torch.bfloat16, generator=g)
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
@@ -105,8 +109,9 @@ def _copy_ms(n_el: int, reps: int) -> float:
 def _matmul_ms(n: int, reps: int) -> float:
     import torch
 
-    a = torch.randn((n, n), device="cuda", dtype=torch.bfloat16)
-    b = torch.randn((n, n), device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn((n, n), device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn((n, n), device="cuda", dtype=torch.bfloat16, generator=g)
     c = torch.empty_like(a)
     for _ in range(3):
         torch.matmul(a, b, out=c)
