@@ -38,4 +38,5 @@ for step in "$@"; do
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "=== $step rc=$?"
+  pack  # after every step: a run cut off at its time limit still brings back what finished
 done
