@@ -4,7 +4,7 @@
 # /tmp/ev, bench reports to /tmp/bench; everything comes back as
 # $OUT/results.tgz (the device tool returns at most 8 files).
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
-# steps: ncu oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
+# steps: nox-oracle gpu-tests ncu oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
 #        graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 set -uo pipefail
 commit=$1; shift
@@ -35,6 +35,8 @@ for step in "$@"; do
     bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
+    nox-oracle) python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests -p no:cacheprovider -x ;;
     ncu) timeout 300 ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 -o /tmp/bench/ncu-verify \
            python3 tools/ncu_case.py && ncu --import /tmp/bench/ncu-verify.ncu-rep --page details > /tmp/bench/ncu-verify.txt;
          grep -E "Duration|Throughput|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Stall|L2 Hit|Shared Memory" /tmp/bench/ncu-verify.txt | head -40 ;;
