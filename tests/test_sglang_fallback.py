@@ -13,6 +13,8 @@ from kdtree_engine.sglang import _standins, fallback
 from kdtree_engine.sglang.fallback import VerifyCall
 
 _standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
+if torch.cuda.is_available():  # on CUDA, SGLang's module imports need sgl_kernel (absent on the GPU host)
+    _standins.install_sgl_kernel_standin()
 
 from sglang.srt.layers.radix_attention import AttentionType, RadixAttention  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402

@@ -12,6 +12,8 @@ import torch
 from kdtree_engine.sglang import _standins, plugin
 
 _standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
+if torch.cuda.is_available():  # on CUDA, SGLang's module imports need sgl_kernel (absent on the GPU host)
+    _standins.install_sgl_kernel_standin()
 
 import sglang.srt.plugins as sglang_plugins  # noqa: E402
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
