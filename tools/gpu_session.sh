@@ -36,6 +36,7 @@ for step in "$@"; do
     bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
     nox-oracle) python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
+    gpu-test-graph) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph.py ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py tests/test_graph.py tests/test_defrag_gate.py tests/test_bench_gpu.py tests/test_sglang_integrate.py tests/test_sglang_plugin.py tests/test_sglang_fallback.py ;;
     ncu) timeout 300 ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 -o /tmp/bench/ncu-verify \
            python3 tools/ncu_case.py && ncu --import /tmp/bench/ncu-verify.ncu-rep --page details > /tmp/bench/ncu-verify.txt;
