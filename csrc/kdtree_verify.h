@@ -70,7 +70,7 @@ typedef struct KdtreeVerifyArgs {
   int64_t workspace_bytes;
 
   int32_t bs, num_heads, max_n, total_tokens, num_splits;
-  float sm_scale;
+  float sm_scale;             // softmax scale, must be > 0
 } KdtreeVerifyArgs;
 
 int kdtree_abi_version(void);

@@ -141,11 +141,15 @@ struct KeySrc {
   bool valid;
 };
 
-__device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, int N, int64_t kv_start,
-                                             int qo_start) {
+// In two steps, so that a slot id's global load can be issued a tile early and waited
+// for only when its copy is issued: key_slot loads (prefix keys only, -1 otherwise),
+// key_resolve checks the id and makes the source; key_source does both at once.
+__device__ __forceinline__ int64_t key_slot(const Params& p, int pos, int L, int64_t kv_start) {
+  return pos < L ? load_slot(p, kv_start + pos) : -1;
+}
+__device__ __forceinline__ KeySrc key_resolve(const Params& p, int64_t slot, int pos, int L, int N, int qo_start) {
   KeySrc s{p.kv, false};
   if (pos < L) {
-    int64_t slot = load_slot(p, kv_start + pos);
     if (slot >= 0 && slot < p.pool_size) {
       s.ptr = p.kv + slot * p.kv_st;
       s.valid = true;
@@ -157,6 +161,11 @@ __device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, in
     s.valid = true;
   }
   return s;
+}
+
+__device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, int N, int64_t kv_start,
+                                             int qo_start) {
+  return key_resolve(p, key_slot(p, pos, L, kv_start), pos, L, N, qo_start);
 }
 
 // What one CTA works on: request b's query rows r0 .. r0+BM and key tiles [t_begin, t_end).
@@ -208,21 +217,20 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int b
   return true;
 }
 
-// Scale a score to log2 units and apply the tree mask: keys past the end are
-// invisible; draft keys (pos >= L) are visible iff the FULL_MASK row of `tok` says so.
+// Tree mask: keys past the end are hidden; draft keys (pos >= L) are visible iff the
+// FULL_MASK row of `tok` says so (rows past the request, tok < 0, see every key).
+__device__ __forceinline__ bool key_hidden(const Params& p, const Work& w, int pos, int tok) {
+  if (pos >= w.KV) return true;
+  if (pos >= w.L && tok >= 0)
+    return !(w.mask_ok && p.mask[w.mask_base + static_cast<int64_t>(tok) * w.KV + pos] != 0);
+  return false;
+}
+// Scale a score to log2 units and apply the tree mask.
 __device__ __forceinline__ float masked_score(const Params& p, const Work& w, float s, int pos, int tok,
                                              bool needs_mask) {
-  float v = s * p.scale_log2;
-  if (needs_mask) {
-    if (pos >= w.KV) return -CUDART_INF_F;
-    if (pos >= w.L && tok >= 0) {
-      const bool vis = w.mask_ok && p.mask[w.mask_base + static_cast<int64_t>(tok) * w.KV + pos] != 0;
-      if (!vis) return -CUDART_INF_F;
-    }
-  }
-  return v;
+  if (needs_mask && key_hidden(p, w, pos, tok)) return -CUDART_INF_F;
+  return s * p.scale_log2;
 }
-
 // Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
 // half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
 // o with one split, fp32 normalised partials plus LSE to the workspace with several.
@@ -448,41 +456,146 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
 
 namespace kdtree {
 
-// Merge the splits of each query row: one CTA of 128 threads per row, 4 columns each.
-__global__ void __launch_bounds__(128) combine_kernel(const Params p) {
-  const int64_t grow = blockIdx.x;  // global row = token * H + head
-  const int H = p.H;
-  const int tok = static_cast<int>(grow / H), head = static_cast<int>(grow % H);
-  if (tok >= p.qo_indptr[p.bs]) return;  // a token no request owns
-  // the request owning tok (bs is small; a linear scan keeps this simple and exact)
-  int b = 0;
+// Merge the splits of each query row by their log-sum-exp. 512-thread CTAs, 128 threads
+// (4 columns each) per row. Few splits (<= COMBINE_NARROW_MAX): 4 rows per CTA, each thread
+// walks the splits itself. Many splits: one row per CTA; the LSEs go through shared memory
+// once (max, then weights) and the 4 groups of 128 threads sum splits q, q + 4, ... with
+// COMBINE_UNROLL loads in flight each (a serial walk over 66 splits was latency-bound), then
+// meet in shared memory.
+constexpr int COMBINE_GROUPS = 4;
+constexpr int COMBINE_UNROLL = 4;
+constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
+constexpr int COMBINE_NARROW_MAX = 8;
+constexpr int COMBINE_MAX_SPLITS = 1024;  // weights cached in shared memory; more splits re-read the LSE
+
+// Which token/head a global row is, or false when no request owns it / its request is
+// malformed (the main kernel flags those).
+__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head) {
+  tok = static_cast<int>(grow / p.H);
+  head = static_cast<int>(grow % p.H);
+  if (tok >= p.qo_indptr[p.bs]) return false;  // a token no request owns
+  int b = 0;  // the request owning tok (bs is small; a linear scan keeps this simple and exact)
   while (b + 1 < p.bs && p.qo_indptr[b + 1] <= tok) ++b;
   const int N = p.qo_indptr[b + 1] - p.qo_indptr[b];
-  if (N < 0 || N > p.max_n) return;  // flagged by the main kernel
+  if (N < 0 || N > p.max_n) return false;
   const int kv_lo = p.kv_indptr[b], kv_hi = p.kv_indptr[b + 1];
-  if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len) return;
+  return !(kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len);
+}
 
-  const int64_t TH = static_cast<int64_t>(p.T) * H;
-  float mx = -CUDART_INF_F;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
-  const int c = threadIdx.x * 4;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  float sum = 0.f;
-  if (mx != -CUDART_INF_F) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float ls = p.lse_part[s * TH + grow];
-      if (ls == -CUDART_INF_F) continue;  // empty split: its O was never written
-      const float w = __expf(ls - mx);
-      sum += w;
-      const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
-      o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
-    }
-  }
+__device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,
+                                              float mx, int64_t grow, bool lse_writer) {
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
   reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
   reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
-  if (p.lse && threadIdx.x == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+  if (p.lse && lse_writer) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+}
+
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const Params p) {
+  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
+  const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_GROUPS + threadIdx.x / 128;
+  int tok, head;
+  if (grow >= TH || !combine_row(p, grow, tok, head)) return;
+  const int S = p.num_splits, c = (threadIdx.x % 128) * 4;
+  float mx = -CUDART_INF_F;
+  for (int s = 0; s < S; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum = 0.f;
+  if (mx != -CUDART_INF_F) {
+#pragma unroll COMBINE_NARROW_MAX
+    for (int s = 0; s < S; ++s) {
+      const float ls = p.lse_part[s * TH + grow];
+      if (ls == -CUDART_INF_F) continue;  // empty split: its O was never written
+      const float wt = __expf(ls - mx);
+      sum += wt;
+      const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
+      o.x += wt * v.x; o.y += wt * v.y; o.z += wt * v.z; o.w += wt * v.w;
+    }
+  }
+  combine_store(p, tok, head, c, o, sum, mx, grow, c == 0);
+}
+
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Params p) {
+  __shared__ float w_s[COMBINE_MAX_SPLITS];
+  __shared__ float red[COMBINE_THREADS / 32];
+  __shared__ float4 part[COMBINE_GROUPS - 1][128];
+  const int64_t grow = blockIdx.x;  // global row = token * H + head
+  int tok, head;
+  if (!combine_row(p, grow, tok, head)) return;  // uniform over the CTA
+
+  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int S = p.num_splits;
+  const bool cached = S <= COMBINE_MAX_SPLITS;
+  float mx = -CUDART_INF_F;  // max of the LSEs
+  for (int s = tid; s < S; s += COMBINE_THREADS) {
+    const float ls = p.lse_part[s * TH + grow];
+    if (cached) w_s[s] = ls;
+    mx = fmaxf(mx, ls);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+#pragma unroll
+  for (int i = 1; i < COMBINE_THREADS / 32; ++i) mx = fmaxf(mx, red[i]);
+  __syncthreads();  // red is reused for the sum below
+  // weights exp(lse - max); an empty split (LSE -inf, O never written) weighs 0
+  float sum = 0.f;
+  if (mx != -CUDART_INF_F) {
+    for (int s = tid; s < S; s += COMBINE_THREADS) {
+      const float ls = cached ? w_s[s] : p.lse_part[s * TH + grow];
+      const float wt = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
+      if (cached) w_s[s] = wt;
+      sum += wt;
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < COMBINE_THREADS / 32; ++i) sum += red[i];
+
+  const int grp = tid / 128, c = (tid % 128) * 4;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (sum > 0.f) {
+    const float* base = p.o_part + grow * DV + c;
+    for (int s0 = grp; s0 < S; s0 += COMBINE_GROUPS * COMBINE_UNROLL) {
+      float4 v[COMBINE_UNROLL];
+      float wt[COMBINE_UNROLL];
+#pragma unroll
+      for (int u = 0; u < COMBINE_UNROLL; ++u) {
+        const int s = s0 + u * COMBINE_GROUPS;
+        wt[u] = 0.f;
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < S) {
+          if (cached) {
+            wt[u] = w_s[s];
+          } else {
+            const float ls = p.lse_part[s * TH + grow];
+            wt[u] = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
+          }
+          if (wt[u] > 0.f) v[u] = *reinterpret_cast<const float4*>(base + s * TH * DV);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < COMBINE_UNROLL; ++u) {
+        o.x += wt[u] * v[u].x; o.y += wt[u] * v[u].y; o.z += wt[u] * v[u].z; o.w += wt[u] * v[u].w;
+      }
+    }
+  }
+  if (grp > 0) part[grp - 1][tid % 128] = o;
+  __syncthreads();
+  if (grp > 0) return;
+#pragma unroll
+  for (int q = 0; q < COMBINE_GROUPS - 1; ++q) {
+    const float4 v = part[q][tid];
+    o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
+  }
+  combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
 }
 
 }  // namespace kdtree
@@ -560,7 +673,12 @@ int launch(const kdtree::Params& p, cudaStream_t stream) {
 }
 int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   if (p.num_splits > 1) {
-    kdtree::combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.T) * p.H), 128, 0, stream>>>(p);
+    const int64_t rows = static_cast<int64_t>(p.T) * p.H;
+    if (p.num_splits <= kdtree::COMBINE_NARROW_MAX)
+      kdtree::combine_narrow_kernel<<<static_cast<unsigned>((rows + kdtree::COMBINE_GROUPS - 1) / kdtree::COMBINE_GROUPS),
+                                      kdtree::COMBINE_THREADS, 0, stream>>>(p);
+    else
+      kdtree::combine_wide_kernel<<<static_cast<unsigned>(rows), kdtree::COMBINE_THREADS, 0, stream>>>(p);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   }
@@ -626,6 +744,9 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
     return fail(KDTREE_EINVAL, "max_n must be in [0, %d], got %d", KDTREE_MAX_DRAFTS, a->max_n);
   if (a->num_splits < 1 || a->num_splits > 65535)
     return fail(KDTREE_EINVAL, "num_splits must be in [1, 65535], got %d", a->num_splits);
+  // > 0: the kernels take row maxima of raw scores and scale them afterwards
+  if (!(a->sm_scale > 0.f) || !(a->sm_scale < 3.0e38f))
+    return fail(KDTREE_EINVAL, "sm_scale must be a positive finite float, got %g", (double)a->sm_scale);
   if (a->total_tokens < 0) return fail(KDTREE_EINVAL, "total_tokens must be >= 0");
   if (!a->q || !a->k_ext || !a->kv || !a->qo_indptr || !a->kv_indptr || !a->mask_indptr || !a->o ||
       !a->workspace)

@@ -61,48 +61,65 @@ __device__ __forceinline__ void fence_regs(float* r) {
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // align to 1024 by an offset from smem_raw, so that the compiler keeps the shared address
+  // space (plain STS/LDS, not generic stores) for everything derived from it
+  unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
   float* red = reinterpret_cast<float*>(smem + RED_OFF);
 
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7, wwarp = (tid >> 5) & 3;
+  // warpgroup index, provably warp-uniform (so descriptors stay in uniform registers)
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wwarp = (tid >> 5) & 3;
   const int g = lane >> 2, tq = lane & 3;
 
   Work w;
   if (!setup_work(p, b, rt * BM, BM, split, BN, tid, THREADS, w)) return;
   const int H = p.H;
 
-  // loader: 4 threads per row (64 rows), 18 pieces each
+  // loader: 4 threads per row (64 rows), 18 pieces each. Piece gi = lsub + 4 j sits in
+  // chunk j / 2 at swizzled column (gi & 7) ^ (row & 7), and gi & 7 = lsub + 4 (j & 1):
+  // two per-thread offsets plus compile-time constants.
   const int lrow = tid >> 2, lsub = tid & 3;
+  const uint32_t lo_even = lrow * 128 + ((lsub ^ (lrow & 7)) << 4);
+  const uint32_t lo_odd = lrow * 128 + (((lsub + 4) ^ (lrow & 7)) << 4);
+  auto issue_row = [&](uint32_t dst, const __nv_bfloat16* src, bool valid) {
+#pragma unroll
+    for (int j = 0; j < CHUNKS / 4; ++j)
+      cp_async16(dst + (j >> 1) * CHUNK + ((j & 1) ? lo_odd : lo_even), src + (lsub + 4 * j) * 8, valid);
+  };
   {
     const int rr = w.r0 + lrow;
     const bool ok = rr < w.rows;
     const int tok = ok ? rr / H : 0, head = ok ? rr % H : 0;
     const __nv_bfloat16* src = p.q + static_cast<int64_t>(w.qo_start + tok) * p.q_st + static_cast<int64_t>(head) * p.q_sh;
-    for (int gi = lsub; gi < CHUNKS; gi += 4)
-      cp_async16(sbase + Q_OFF + swz(lrow, gi), ok ? src + gi * 8 : p.q, ok);
+    issue_row(sbase + Q_OFF, ok ? src : p.q, ok);
   }
   auto issue_tile = [&](int stage, KeySrc src) {
-    const uint32_t dst = sbase + K_OFF + stage * TILE;
-    for (int gi = lsub; gi < CHUNKS; gi += 4)
-      cp_async16(dst + swz(lrow, gi), src.valid ? src.ptr + gi * 8 : p.kv, src.valid);
+    issue_row(sbase + K_OFF + stage * TILE, src.valid ? src.ptr : p.kv, src.valid);
   };
-  KeySrc src_next = key_source(p, w.t_begin * BN + lrow, w.L, w.N, w.kv_lo, w.qo_start);
-  issue_tile(0, src_next);
+  // this thread's key row: its slot id is loaded one tile before its copy is issued
+  issue_tile(0, key_source(p, w.t_begin * BN + lrow, w.L, w.N, w.kv_lo, w.qo_start));
   cp_async_commit();
-  if (w.t_begin + 1 < w.t_end) src_next = key_source(p, (w.t_begin + 1) * BN + lrow, w.L, w.N, w.kv_lo, w.qo_start);
+  int64_t slot_next = key_slot(p, (w.t_begin + 1) * BN + lrow, w.L, w.kv_lo);
+
+  // Descriptors of the operand bases; a k-step or a stage adds (byte offset >> 4) to the
+  // start-address field, which cannot carry out of it (shared addresses < 2^18).
+  const uint64_t dq0 = desc(sbase + Q_OFF, 16, 1024);
+  const uint64_t dk0 = desc(sbase + K_OFF + wg * 32 * 128, 16, 1024);
+  const uint64_t dp0 = desc(sbase + P_OFF, 16, 1024);
+  const uint64_t dv0 = desc(sbase + K_OFF + wg * 4 * CHUNK, CHUNK, 1024);
 
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running maxima, log2 units
   float l_run[2] = {0.f, 0.f};  // over this warpgroup's keys only; summed at the end
   const int row0 = wwarp * 16 + g;  // this thread's rows in the tile: row0, row0 + 8
   const int myrow0 = w.r0 + row0;
   const int tok0 = myrow0 < w.rows ? myrow0 / H : -1;
   const int tok1 = myrow0 + 8 < w.rows ? (myrow0 + 8) / H : -1;
+  const float scale = p.scale_log2;
 
   for (int tile = w.t_begin; tile < w.t_end; ++tile) {
     const int stage = (tile - w.t_begin) & 1;
@@ -110,13 +127,13 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     fence_proxy_async();  // cp.async writes -> visible to the wgmma (async) proxy
     __syncthreads();
     if (tile + 1 < w.t_end) {
-      issue_tile(stage ^ 1, src_next);
+      issue_tile(stage ^ 1, key_resolve(p, slot_next, (tile + 1) * BN + lrow, w.L, w.N, w.qo_start));
       cp_async_commit();
-      if (tile + 2 < w.t_end) src_next = key_source(p, (tile + 2) * BN + lrow, w.L, w.N, w.kv_lo, w.qo_start);
+      slot_next = key_slot(p, (tile + 2) * BN + lrow, w.L, w.kv_lo);  // used next iteration
     }
-    const uint32_t kst = sbase + K_OFF + stage * TILE;
+    const uint64_t st = static_cast<uint64_t>(stage * (TILE >> 4));
 
-    // ---- S[64 x 32] = Q K^T for keys wg*32.. ----
+    // ---- S[64 x 32] = Q K^T for keys wg*32.. (raw scores) ----
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
@@ -124,23 +141,23 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     wg_arrive();
 #pragma unroll
     for (int k = 0; k < 36; ++k) {
-      const int c = k >> 2, kin = k & 3;
-      wgmma_m64n32k16_ss(s, desc(sbase + Q_OFF + c * CHUNK + kin * 32, 16, 1024),
-                         desc(kst + c * CHUNK + wg * 32 * 128 + kin * 32, 16, 1024), k > 0);
+      const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
+      wgmma_m64n32k16_ss(s, dq0 + off, dk0 + st + off, k > 0);
     }
     wg_commit();
     wg_wait0();
     fence_regs<16>(s);
 
-    // ---- mask, row max across both warpgroups ----
-    const bool needs_mask = tile * BN + BN > w.L;
+    // ---- mask (only the tile that reaches the drafts or the end), row max across both warpgroups ----
+    if (tile * BN + BN > w.L) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int pos = tile * BN + wg * 32 + j * 8 + tq * 2 + (e & 1);
-        s[4 * j + e] = masked_score(p, w, s[4 * j + e], pos, (e >> 1) ? tok1 : tok0, needs_mask);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int pos = tile * BN + wg * 32 + j * 8 + tq * 2 + (e & 1);
+          if (key_hidden(p, w, pos, (e >> 1) ? tok1 : tok0)) s[4 * j + e] = -CUDART_INF_F;
+        }
+    }
     float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -151,6 +168,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      mx[h] *= scale;
     }
     if (tq == 0) {
       red[wg * 64 + row0] = mx[0];
@@ -171,8 +189,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     unsigned char* pt = smem + P_OFF;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float p0 = exp2f(s[4 * j + 0] - msub[0]), p1 = exp2f(s[4 * j + 1] - msub[0]);
-      const float p2 = exp2f(s[4 * j + 2] - msub[1]), p3 = exp2f(s[4 * j + 3] - msub[1]);
+      const float p0 = exp2f(fmaf(s[4 * j + 0], scale, -msub[0])), p1 = exp2f(fmaf(s[4 * j + 1], scale, -msub[0]));
+      const float p2 = exp2f(fmaf(s[4 * j + 2], scale, -msub[1])), p3 = exp2f(fmaf(s[4 * j + 3], scale, -msub[1]));
       rs[0] += p0 + p1;
       rs[1] += p2 + p3;
       const int unit = wg * 4 + j;  // 8-key piece of the 64-key row
@@ -186,10 +204,13 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
       rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
       l_run[h] = l_run[h] * corr[h] + rs[h];
     }
+    // the maxima settle early in a long prefix: most tiles leave O as it is
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      o[4 * i + 0] *= corr[0]; o[4 * i + 1] *= corr[0];
-      o[4 * i + 2] *= corr[1]; o[4 * i + 3] *= corr[1];
+      for (int i = 0; i < 32; ++i) {
+        o[4 * i + 0] *= corr[0]; o[4 * i + 1] *= corr[0];
+        o[4 * i + 2] *= corr[1]; o[4 * i + 3] *= corr[1];
+      }
     }
     fence_proxy_async();  // P written by ordinary stores -> read by wgmma
     __syncthreads();
@@ -199,8 +220,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     wg_arrive();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
-      wgmma_m64n256k16_ss_tb(o, desc(sbase + P_OFF + ks * 32, 16, 1024),
-                             desc(kst + wg * 4 * CHUNK + ks * 2048, CHUNK, 1024), 1);
+      wgmma_m64n256k16_ss_tb(o, dp0 + static_cast<uint64_t>((ks * 32) >> 4),
+                             dv0 + st + static_cast<uint64_t>((ks * 2048) >> 4), 1);
     wg_commit();
     wg_wait0();
     fence_regs<128>(o);

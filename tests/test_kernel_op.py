@@ -54,7 +54,9 @@ BAD = [
     ("max_n", lambda a: 129, "'max_n': expected 0..128"),
     ("max_n", lambda a: 2, "'max_n': expected at least q.shape"),
     ("max_n", lambda a: 4.0, "'max_n': expected a Python int"),
-    ("sm_scale", lambda a: float("nan"), "'sm_scale': expected a finite float"),
+    ("sm_scale", lambda a: float("nan"), "'sm_scale': expected a positive finite float"),
+    ("sm_scale", lambda a: 0.0, "'sm_scale': expected a positive finite float"),
+    ("sm_scale", lambda a: -0.04, "'sm_scale': expected a positive finite float"),
 ]
 
 

@@ -4,7 +4,7 @@
 # /tmp/ev, bench reports to /tmp/bench; everything comes back as
 # $OUT/results.tgz (the device tool returns at most 8 files).
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
-# steps: nox-oracle gpu-tests ncu oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
+# steps: ab-micro ncu-stalls nox-oracle gpu-tests ncu oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
 #        graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 set -uo pipefail
 commit=$1; shift
@@ -35,12 +35,29 @@ for step in "$@"; do
     bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
+    ab-micro) # the micro suite, ours and FlashMLA only, for the carried baseline library and the new one
+              for lib in base new; do
+                so=build/lib/libkdtree_verify.so; [ $lib = base ] && so=build/lib/base/libkdtree_verify.so
+                KDTREE_LIB=$PWD/$so python3 -m kdtree_engine bench --suite micro --systems ours,flashmla \
+                  --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | tail -22
+              done ;;
     nox-oracle) python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-graph) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph.py ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py tests/test_graph.py tests/test_defrag_gate.py tests/test_bench_gpu.py tests/test_sglang_integrate.py tests/test_sglang_plugin.py tests/test_sglang_fallback.py ;;
     ncu) timeout 300 ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 -o /tmp/bench/ncu-verify \
            python3 tools/ncu_case.py && ncu --import /tmp/bench/ncu-verify.ncu-rep --page details > /tmp/bench/ncu-verify.txt;
          grep -E "Duration|Throughput|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Stall|L2 Hit|Shared Memory" /tmp/bench/ncu-verify.txt | head -40 ;;
+    ncu-stalls) # per-case stall reasons and per-instruction samples (NCU_CASES="bs,N,H,L ...")
+         for c in ${NCU_CASES:-1,16,8,65536 1,64,8,65536}; do
+           n=ncu-${c//,/-}
+           timeout 200 ncu --clock-control none --set full --import-source no -k regex:verify_attn_kernel -c 1 -o /tmp/bench/$n \
+             python3 tools/ncu_case.py ${c//,/ } || continue
+           ncu --import /tmp/bench/$n.ncu-rep --page raw --csv > /tmp/bench/$n-raw.csv
+           ncu --import /tmp/bench/$n.ncu-rep --page source --csv --print-source sass > /tmp/bench/$n-sass.csv 2>/tmp/bench/$n-sass.err
+           ncu --import /tmp/bench/$n.ncu-rep --page details > /tmp/bench/$n.txt
+           grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy" /tmp/bench/$n.txt
+           rm -f /tmp/bench/$n.ncu-rep
+         done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "=== $step rc=$?"

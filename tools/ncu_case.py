@@ -1,16 +1,19 @@
-"""One verify call at bs 1, N 16, H 8, prefix 65536, for Nsight Compute.
+"""One verify call for Nsight Compute (default: bs 1, N 16, H 8, prefix 65536).
 
-    ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 python3 tools/ncu_case.py
+    ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 python3 tools/ncu_case.py [bs N H prefix]
 """
+
+import sys
 
 import torch
 
 from kdtree_engine.kernel.op import verify_attention
 from kdtree_engine.oracle import workloads
 
-b = workloads.make_batch([65536], 16, 8, tree="eagle", seed=1, device="cuda", poison_unused=False)
-out = torch.empty((16, 8, 512), dtype=torch.bfloat16, device="cuda")
+bs, n, h, ctx = (int(x) for x in sys.argv[1:5]) if len(sys.argv) >= 5 else (1, 16, 8, 65536)
+b = workloads.make_batch([ctx] * bs, n, h, tree="eagle", seed=1, device="cuda", poison_unused=False)
+out = torch.empty((bs * n, h, 512), dtype=torch.bfloat16, device="cuda")
 for _ in range(3):
-    verify_attention(*b.kernel_args(), out=out, max_prefix_len=65536)
+    verify_attention(*b.kernel_args(), out=out, max_prefix_len=ctx)
 torch.cuda.synchronize()
-print("ncu_case: done")
+print(f"ncu_case: bs{bs} N{n} H{h} L{ctx} done")

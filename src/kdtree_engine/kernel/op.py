@@ -167,8 +167,9 @@ def check_arguments(
         raise _err("max_n", f"0..{MAX_DRAFTS} drafts per request", max_n)
     if T > bs * max_n:
         raise _err("max_n", f"at least q.shape[0] / batch = {T}/{bs} drafts per request", max_n)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
-        raise _err("sm_scale", "a finite float", sm_scale)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+            or sm_scale <= 0:
+        raise _err("sm_scale", "a positive finite float (the softmax scale)", sm_scale)
 
     if prefix_lens_cpu is not None:
         lens = [int(x) for x in (prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else prefix_lens_cpu)]
