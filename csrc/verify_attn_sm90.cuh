@@ -126,14 +126,10 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     cp_async_wait_all();
     fence_proxy_async();  // cp.async writes -> visible to the wgmma (async) proxy
     __syncthreads();
-    if (tile + 1 < w.t_end) {
-      issue_tile(stage ^ 1, key_resolve(p, slot_next, (tile + 1) * BN + lrow, w.L, w.N, w.qo_start));
-      cp_async_commit();
-      slot_next = key_slot(p, (tile + 2) * BN + lrow, w.L, w.kv_lo);  // used next iteration
-    }
     const uint64_t st = static_cast<uint64_t>(stage * (TILE >> 4));
 
-    // ---- S[64 x 32] = Q K^T for keys wg*32.. (raw scores) ----
+    // ---- S[64 x 32] = Q K^T for keys wg*32.. (raw scores), issued before the next
+    // tile's copies so that the tensor cores work while this thread's cp.asyncs queue ----
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
@@ -145,6 +141,11 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
       wgmma_m64n32k16_ss(s, dq0 + off, dk0 + st + off, k > 0);
     }
     wg_commit();
+    if (tile + 1 < w.t_end) {  // the other stage: its last reader (PV of tile - 1) is done
+      issue_tile(stage ^ 1, key_resolve(p, slot_next, (tile + 1) * BN + lrow, w.L, w.N, w.qo_start));
+      cp_async_commit();
+      slot_next = key_slot(p, (tile + 2) * BN + lrow, w.L, w.kv_lo);  // used next iteration
+    }
     wg_wait0();
     fence_regs<16>(s);
 

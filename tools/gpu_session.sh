@@ -35,11 +35,12 @@ for step in "$@"; do
     bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
     bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
-    ab-micro) # the micro suite, ours and FlashMLA only, for the carried baseline library and the new one
-              for lib in base new; do
-                so=build/lib/libkdtree_verify.so; [ $lib = base ] && so=build/lib/base/libkdtree_verify.so
-                KDTREE_LIB=$PWD/$so python3 -m kdtree_engine bench --suite micro --systems ours,flashmla \
-                  --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | tail -22
+    ab-micro) # the micro suite, ours and FlashMLA only: the carried baseline (build/lib/base), any
+              # variants (build/lib/var-*), then the library under test (build/lib)
+              for so in build/lib/base/libkdtree_verify.so build/lib/var-*/libkdtree_verify.so build/lib/libkdtree_verify.so; do
+                [ -f $so ] || continue; lib=$(basename $(dirname $so)); echo "--- $lib"
+                KDTREE_LIB=$PWD/$so python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ours,flashmla \
+                  --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| bs|^bench"
               done ;;
     nox-oracle) python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-graph) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph.py ;;
