@@ -130,6 +130,28 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Programmatic dependent launch (sm_90+): the main kernel lets the combine launch
+// early (its CTAs then wait in griddepcontrol.wait for the main grid's completion and
+// memory), hiding the launch gap between the two; no-ops on older archs.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// 2^x on the MUFU unit alone: exp2f adds a range check and two scalings per call to keep
+// denormal results, which a softmax weight below 2^-126 does not need (it flushes to 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ int64_t load_slot(const Params& p, int64_t i) {
   return p.kv_indices_64 ? reinterpret_cast<const int64_t*>(p.kv_indices)[i]
                          : static_cast<int64_t>(reinterpret_cast<const int32_t*>(p.kv_indices)[i]);
@@ -272,6 +294,7 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
   unsigned char* k_s = smem + C::Q_BYTES;  // 2 stages
   float* s_s = reinterpret_cast<float*>(smem + C::Q_BYTES + 2 * C::K_BYTES);
 
+  pdl_launch_dependents();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rg = warp % RG, kh = warp / RG;
@@ -300,10 +323,10 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
     for (int ch = lsub; ch < CHUNKS; ch += C::TPR)
       cp_async16(smem_u32(dst + ch * 16), src.valid ? src.ptr + ch * 8 : p.kv, src.valid);
   };
-  KeySrc src_next = key_source(p, t_begin * BN + lrow, L, N, kv_lo, qo_start);
-  issue_tile(t_begin, 0, src_next);
+  // this thread's key row: its slot id is loaded one tile before its copy is issued
+  issue_tile(t_begin, 0, key_source(p, t_begin * BN + lrow, L, N, kv_lo, qo_start));
   cp_async_commit();
-  if (t_begin + 1 < t_end) src_next = key_source(p, (t_begin + 1) * BN + lrow, L, N, kv_lo, qo_start);
+  int64_t slot_next = key_slot(p, (t_begin + 1) * BN + lrow, L, kv_lo);
 
   // ---- running state: O (16 rows x 256 cols per warp), row max / sum for rows g, g+8 ----
   float acc[128];  // n8 block i of this warp's 256 columns in acc[4i .. 4i+3] (mma C layout)
@@ -325,9 +348,9 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
     cp_async_wait_all();
     __syncthreads();  // tile ready; everyone is done with the other stage and with s_s
     if (tile + 1 < t_end) {
-      issue_tile(tile + 1, stage ^ 1, src_next);
+      issue_tile(tile + 1, stage ^ 1, key_resolve(p, slot_next, (tile + 1) * BN + lrow, L, N, qo_start));
       cp_async_commit();
-      if (tile + 2 < t_end) src_next = key_source(p, (tile + 2) * BN + lrow, L, N, kv_lo, qo_start);
+      slot_next = key_slot(p, (tile + 2) * BN + lrow, L, kv_lo);  // used next iteration
     }
     const uint32_t kst = k_base + stage * C::K_BYTES;
 
@@ -463,7 +486,7 @@ namespace kdtree {
 // COMBINE_UNROLL loads in flight each (a serial walk over 66 splits was latency-bound), then
 // meet in shared memory.
 constexpr int COMBINE_GROUPS = 4;
-constexpr int COMBINE_UNROLL = 4;
+constexpr int COMBINE_UNROLL = 8;
 constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
 constexpr int COMBINE_NARROW_MAX = 8;
 constexpr int COMBINE_MAX_SPLITS = 1024;  // weights cached in shared memory; more splits re-read the LSE
@@ -492,6 +515,7 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
 }
 
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const Params p) {
+  pdl_wait_primary();
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_GROUPS + threadIdx.x / 128;
   int tok, head;
@@ -519,6 +543,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Par
   __shared__ float w_s[COMBINE_MAX_SPLITS];
   __shared__ float red[COMBINE_THREADS / 32];
   __shared__ float4 part[COMBINE_GROUPS - 1][128];
+  pdl_wait_primary();
   const int64_t grow = blockIdx.x;  // global row = token * H + head
   int tok, head;
   if (!combine_row(p, grow, tok, head)) return;  // uniform over the CTA
@@ -672,16 +697,21 @@ int launch(const kdtree::Params& p, cudaStream_t stream) {
   return launch_combine(p, stream);
 }
 int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
-  if (p.num_splits > 1) {
-    const int64_t rows = static_cast<int64_t>(p.T) * p.H;
-    if (p.num_splits <= kdtree::COMBINE_NARROW_MAX)
-      kdtree::combine_narrow_kernel<<<static_cast<unsigned>((rows + kdtree::COMBINE_GROUPS - 1) / kdtree::COMBINE_GROUPS),
-                                      kdtree::COMBINE_THREADS, 0, stream>>>(p);
-    else
-      kdtree::combine_wide_kernel<<<static_cast<unsigned>(rows), kdtree::COMBINE_THREADS, 0, stream>>>(p);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
-  }
+  if (p.num_splits <= 1) return KDTREE_OK;
+  const int64_t rows = static_cast<int64_t>(p.T) * p.H;
+  const bool narrow = p.num_splits <= kdtree::COMBINE_NARROW_MAX;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(narrow ? (rows + kdtree::COMBINE_GROUPS - 1) / kdtree::COMBINE_GROUPS : rows));
+  cfg.blockDim = dim3(kdtree::COMBINE_THREADS);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see pdl_wait_primary
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = narrow ? cudaLaunchKernelEx(&cfg, kdtree::combine_narrow_kernel, p)
+                               : cudaLaunchKernelEx(&cfg, kdtree::combine_wide_kernel, p);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }
 

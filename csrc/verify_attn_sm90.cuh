@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
   const uint32_t sbase = smem_u32(smem);
   float* red = reinterpret_cast<float*>(smem + RED_OFF);
 
+  pdl_launch_dependents();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31;
   // warpgroup index, provably warp-uniform (so descriptors stay in uniform registers)
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
       const float other = red[(wg ^ 1) * 64 + row0 + 8 * h];
       const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
       msub[h] = m_new == -CUDART_INF_F ? 0.f : m_new;
-      corr[h] = exp2f(m_run[h] - msub[h]);
+      corr[h] = fast_exp2(m_run[h] - msub[h]);
       m_run[h] = m_new;
     }
     // ---- P (bf16, swizzled K-major 64 x 64) and the row sums of this warpgroup's keys ----
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     unsigned char* pt = smem + P_OFF;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float p0 = exp2f(fmaf(s[4 * j + 0], scale, -msub[0])), p1 = exp2f(fmaf(s[4 * j + 1], scale, -msub[0]));
-      const float p2 = exp2f(fmaf(s[4 * j + 2], scale, -msub[1])), p3 = exp2f(fmaf(s[4 * j + 3], scale, -msub[1]));
+      const float p0 = fast_exp2(fmaf(s[4 * j + 0], scale, -msub[0])), p1 = fast_exp2(fmaf(s[4 * j + 1], scale, -msub[0]));
+      const float p2 = fast_exp2(fmaf(s[4 * j + 2], scale, -msub[1])), p3 = fast_exp2(fmaf(s[4 * j + 3], scale, -msub[1]));
       rs[0] += p0 + p1;
       rs[1] += p2 + p3;
       const int unit = wg * 4 + j;  // 8-key piece of the 64-key row

@@ -80,6 +80,8 @@ def _pool(dtype, store=None):
         (lambda: {"layer": make_layer(sliding_window_size=4096)}, "sliding window"),
         (lambda: {"backend": _backend(use_sliding_window_kv_pool=True)}, "sliding-window KV pool"),
         (lambda: {"layer": make_layer(logit_cap=30.0)}, "logit cap"),
+        (lambda: {"layer": make_layer(scaling=0.0)}, "softmax scale 0.0"),
+        (lambda: {"layer": make_layer(scaling=-0.1)}, "softmax scale -0.1"),
         (lambda: {"sinks": torch.zeros(H)}, "sinks"),
         (lambda: {"score_mod": object()}, "score_mod"),
         (lambda: {"layer": make_layer(xai_temperature_len=1024)}, "xai temperature"),

@@ -304,14 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(suite.cases)} cases; systems {', '.join(systems)}; targets {', '.join(suite.targets) or '-'}")
         return 0
 
-    import torch
-
-    if not torch.cuda.is_available():
-        msg = "the bench gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
-        print(f"bench: FAILED: {msg}", file=sys.stderr)
-        evidence.write_record(evidence.make_record(GATE, False, {"suite": suite.name}, "not run: no CUDA GPU",
-                                                   reason=msg, variant=suite.name), args.evidence_dir)
-        return 1
+    rc = evidence.refuse_without_cuda(GATE, args.evidence_dir, variant=suite.name, metrics={"suite": suite.name})
+    if rc is not None:
+        return rc
 
     out_dir = args.out if args.out is not None else evidence.repo_root() / "build" / "bench"
     run = run_suite(suite, systems, args.budget_s or suite.budget_s, args.seed)

@@ -77,18 +77,9 @@ def floor_terms(case: Case, ceil: Ceilings) -> dict:
 
 
 def _median_ms(fn, reps: int) -> float:
-    import torch
+    from kdtree_engine.bench.timing import timed_ms
 
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
+    times = sorted(timed_ms(fn) for _ in range(reps))
     return times[len(times) // 2]
 
 

@@ -53,7 +53,8 @@ def _median(xs: Sequence[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
-def _timed_ms(fn: Callable[[], Any]) -> float:
+def timed_ms(fn: Callable[[], Any]) -> float:
+    """Milliseconds of one call of ``fn`` between two CUDA events."""
     a = torch.cuda.Event(enable_timing=True)
     b = torch.cuda.Event(enable_timing=True)
     a.record()
@@ -78,7 +79,7 @@ def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
     torch.cuda.synchronize()
     m.check_eager = compare.compare(out0.reshape(ref.shape), ref).as_dict()
 
-    t_est = min(_timed_ms(fns[0]) for _ in range(3))
+    t_est = min(timed_ms(fns[0]) for _ in range(3))
     calls = len(fns)
     if t_est * calls > max_graph_ms:
         calls = max(1, int(max_graph_ms / max(t_est, 1e-3)))
@@ -104,8 +105,8 @@ def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
             g.replay()
             torch.cuda.synchronize()
             m.check_replay = compare.compare(outs[0].reshape(ref.shape), ref).as_dict()
-            reps = _reps(budget_s, _timed_ms(g.replay), min_reps, max_reps)
-            times = [_timed_ms(g.replay) for _ in range(reps)]
+            reps = _reps(budget_s, timed_ms(g.replay), min_reps, max_reps)
+            times = [timed_ms(g.replay) for _ in range(reps)]
             m.replay_reps = reps
             m.samples["replay_ms"] = times
             m.replay_us = _median(times) * 1e3 / calls
@@ -119,8 +120,8 @@ def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
             del g
     loop()
     torch.cuda.synchronize()
-    reps = _reps(budget_s, _timed_ms(loop), min_reps, max_reps)
-    times = [_timed_ms(loop) for _ in range(reps)]
+    reps = _reps(budget_s, timed_ms(loop), min_reps, max_reps)
+    times = [timed_ms(loop) for _ in range(reps)]
     m.eager_reps = reps
     m.samples["eager_ms"] = times
     m.eager_us = _median(times) * 1e3 / calls

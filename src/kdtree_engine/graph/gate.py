@@ -74,12 +74,16 @@ def run(max_prefix: int, seed: int) -> tuple[bool, dict, list[dict]]:
         torch.cuda.set_sync_debug_mode("default")
     rows.append({"check": "capture under sync_debug_mode=error", "passed": True})
 
+    def fit(lens: list[int]) -> list[int]:  # a small --max-prefix caps the fixed lengths too
+        return [min(x, max_prefix) for x in lens]
+
     steps = [
-        ("full batch, long prefixes", [max_prefix, max_prefix // 2, 1, 4095, 23000, 7, max_prefix - 1, 64], "eagle"),
-        ("3 requests + 5 padded", [300, 65, 1000], "star"),
+        ("full batch, long prefixes", fit([max_prefix, max_prefix // 2, 1, 4095, 23000, 7, max_prefix - 1, 64]),
+         "eagle"),
+        ("3 requests + 5 padded", fit([300, 65, 1000]), "star"),
         ("1 request, no prefix", [0], "best_first"),
-        ("full batch, chains", [63, 64, 65, 128, 129, 4096, 8191, 2], "chain"),
-        ("5 requests, one at capacity", [max_prefix, 17, 0, 900, 33], "random"),
+        ("full batch, chains", fit([63, 64, 65, 128, 129, 4096, 8191, 2]), "chain"),
+        ("5 requests, one at capacity", fit([max_prefix, 17, 0, 900, 33]), "random"),
     ]
     for i, (name, lens, tree) in enumerate(steps):
         b = _step(pool, lens, n, heads, tree, seed + 10 * i, sm_scale)
@@ -190,12 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_prefix < 64:
         print("graph: --max-prefix must be at least 64", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        msg = "the graph gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
-        print(f"graph: FAILED: {msg}", file=sys.stderr)
-        evidence.write_record(evidence.make_record("graph", False, {}, "not run: no CUDA GPU", reason=msg),
-                              args.evidence_dir)
-        return 1
+    rc = evidence.refuse_without_cuda("graph", args.evidence_dir)
+    if rc is not None:
+        return rc
     t0 = time.monotonic()
     try:
         passed, metrics, rows = run(args.max_prefix, args.seed)

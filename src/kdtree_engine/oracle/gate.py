@@ -143,12 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(all_cases)} cases")
         return 0
 
-    if not torch.cuda.is_available():
-        msg = "the oracle gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
-        print(f"oracle: FAILED: {msg}", file=sys.stderr)
-        evidence.write_record(evidence.make_record("oracle", False, {}, "not run: no CUDA GPU", reason=msg),
-                              args.evidence_dir)
-        return 1
+    rc = evidence.refuse_without_cuda("oracle", args.evidence_dir)
+    if rc is not None:
+        return rc
     device = torch.device("cuda")
     try:
         from kdtree_engine.kernel import library

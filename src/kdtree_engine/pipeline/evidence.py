@@ -223,6 +223,23 @@ def write_record(record: dict[str, Any], directory: Path | str | None = None) ->
     return path
 
 
+def refuse_without_cuda(gate: str, directory: Path | str | None = None, *, variant: str | None = None,
+                        metrics: dict[str, Any] | None = None) -> int | None:
+    """A GPU gate on a machine without CUDA: print why, write a failing record and
+    return the exit code 1 (a gate never passes by skipping); None when a GPU is visible."""
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    msg = f"the {gate} gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
+    print(f"{gate}: FAILED: {msg}", file=sys.stderr)
+    write_record(make_record(gate, False, metrics or {}, "not run: no CUDA GPU", reason=msg, variant=variant),
+                 directory)
+    return 1
+
+
 def load_record(path: Path | str) -> dict[str, Any]:
     """Read and validate one evidence file; raise :class:`EvidenceError` with the
     file name and what is wrong."""

@@ -13,6 +13,7 @@ capture.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +123,14 @@ def no_logit_cap(c: VerifyCall) -> Verdict:
     return OK
 
 
+def positive_scale(c: VerifyCall) -> Verdict:
+    scaling = getattr(c.layer, "scaling", None)
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not math.isfinite(scaling) \
+            or scaling <= 0:
+        return _no(f"softmax scale {scaling!r} not supported (the kernel needs a positive finite scale)")
+    return OK
+
+
 def no_sinks(c: VerifyCall) -> Verdict:
     if c.sinks is not None:
         return _no("attention sinks not supported")
@@ -210,6 +219,7 @@ COVERAGE: tuple[Callable[[VerifyCall], Verdict], ...] = (
     kv_cache_dtype,
     no_sliding_window,
     no_logit_cap,
+    positive_scale,
     no_sinks,
     no_score_mod,
     no_dcp,
