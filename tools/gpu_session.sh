@@ -51,7 +51,7 @@ for step in "$@"; do
     ncu-stalls) # per-case stall reasons and per-instruction samples (NCU_CASES="bs,N,H,L ...")
          for c in ${NCU_CASES:-1,16,8,65536 1,64,8,65536}; do
            n=ncu-${c//,/-}
-           timeout 200 ncu --clock-control none --set full --import-source no -k regex:verify_attn_kernel -c 1 -o /tmp/bench/$n \
+           timeout 200 ncu --clock-control none --set full --import-source no -k regex:${NCU_KERNEL:-verify_attn_kernel} -c 1 -o /tmp/bench/$n \
              python3 tools/ncu_case.py ${c//,/ } || continue
            ncu --import /tmp/bench/$n.ncu-rep --page raw --csv > /tmp/bench/$n-raw.csv
            ncu --import /tmp/bench/$n.ncu-rep --page source --csv --print-source sass > /tmp/bench/$n-sass.csv 2>/tmp/bench/$n-sass.err
