@@ -4,7 +4,7 @@
 # /tmp/ev, bench reports to /tmp/bench; everything comes back as
 # $OUT/results.tgz (the device tool returns at most 8 files).
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
-# steps: ab-micro ncu-stalls nox-oracle gpu-tests ncu oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
+# steps: ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests ncu oracle oracle-quick oracle-mma first-look first-look-mma sanitize integrate
 #        graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 set -uo pipefail
 commit=$1; shift
@@ -57,6 +57,15 @@ for step in "$@"; do
            ncu --import /tmp/bench/$n.ncu-rep --page source --csv --print-source sass > /tmp/bench/$n-sass.csv 2>/tmp/bench/$n-sass.err
            ncu --import /tmp/bench/$n.ncu-rep --page details > /tmp/bench/$n.txt
            grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy" /tmp/bench/$n.txt
+           rm -f /tmp/bench/$n.ncu-rep
+         done ;;
+    ncu-flashmla) # FlashMLA's kernels on the same shapes (reference: durations, tensor pipe, stalls)
+         for c in ${NCU_CASES:-1,16,8,65536 1,64,8,65536}; do
+           n=ncu-flashmla-${c//,/-}
+           timeout 200 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+             --section WarpStateStats --section LaunchStats -k regex:"mla|combine" -c 4 -o /tmp/bench/$n python3 tools/ncu_flashmla.py ${c//,/ } || continue
+           ncu --import /tmp/bench/$n.ncu-rep --page details > /tmp/bench/$n.txt
+           grep -E "^  [a-zA-Z_:<>, 0-9()]+\(|Duration|Grid Size|Registers Per|Issue Slots Busy|Tensor" /tmp/bench/$n.txt | head -60
            rm -f /tmp/bench/$n.ncu-rep
          done ;;
     *) echo "unknown step $step"; exit 2 ;;
