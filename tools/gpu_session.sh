@@ -19,7 +19,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     oracle-quick) python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
-    oracle) python3 -m kdtree_engine oracle ;;
+    oracle) python3 -m kdtree_engine oracle ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
@@ -39,8 +39,8 @@ for step in "$@"; do
               # variants (build/lib/var-*), then the library under test (build/lib)
               for so in build/lib/base/libkdtree_verify.so build/lib/var-*/libkdtree_verify.so build/lib/libkdtree_verify.so; do
                 [ -f $so ] || continue; lib=$(basename $(dirname $so)); echo "--- $lib"
-                KDTREE_LIB=$PWD/$so python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ours,flashmla \
-                  --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| bs|^bench"
+                KDTREE_LIB=$PWD/$so python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
+                  --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| [0-9b]|^bench"
               done ;;
     nox-oracle) python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-graph) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph.py ;;
