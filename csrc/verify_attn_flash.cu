@@ -144,6 +144,23 @@ __device__ __forceinline__ void pdl_wait_primary() {
 #endif
 }
 
+// The error word is cleared by clear_error_kernel, the main kernel's PDL primary: the
+// main kernel starts before that clear has run, so a report waits for it first (only
+// on the error path; the happy path never waits).
+__device__ __forceinline__ void report_error(int* err, int bits) {
+  pdl_wait_primary();
+  atomicOr(err, bits);
+}
+
+// Clears the workspace header (the error word) for this call. It lets the main kernel
+// launch at once (launch_dependents at entry): a graph then runs no memset node and
+// no launch gap before the main kernel, whose first reads are inputs written before
+// this kernel started.
+__global__ void clear_error_kernel(int* header) {
+  pdl_launch_dependents();
+  header[threadIdx.x] = 0;
+}
+
 // 2^x on the MUFU unit alone: exp2f adds a range check and two scalings per call to keep
 // denormal results, which a softmax weight below 2^-126 does not need (it flushes to 0).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -176,7 +193,7 @@ __device__ __forceinline__ KeySrc key_resolve(const Params& p, int64_t slot, int
       s.ptr = p.kv + slot * p.kv_st;
       s.valid = true;
     } else {
-      atomicOr(p.err, KDTREE_ERR_SLOT);
+      report_error(p.err, KDTREE_ERR_SLOT);
     }
   } else if (pos < L + N) {
     s.ptr = p.k_ext + static_cast<int64_t>(qo_start + pos - L) * p.k_ext_st;
@@ -209,11 +226,11 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int b
   const int kv_hi = p.kv_indptr[b + 1];
   w.N = qo_end - w.qo_start;
   if (w.qo_start < 0 || w.N < 0 || qo_end > p.T || w.N > p.max_n) {
-    if (reporter) atomicOr(p.err, KDTREE_ERR_QO_INDPTR);
+    if (reporter) report_error(p.err, KDTREE_ERR_QO_INDPTR);
     return false;
   }
   if (w.kv_lo < 0 || kv_hi < w.kv_lo || kv_hi > p.kv_indices_len) {
-    if (reporter) atomicOr(p.err, KDTREE_ERR_KV_INDPTR);
+    if (reporter) report_error(p.err, KDTREE_ERR_KV_INDPTR);
     return false;
   }
   w.rows = w.N * p.H;
@@ -223,7 +240,7 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int b
   w.KV = w.L + w.N;
   w.mask_base = p.mask_indptr[b];
   w.mask_ok = w.N == 0 || (w.mask_base >= 0 && w.mask_base + static_cast<int64_t>(w.N) * w.KV <= p.mask_len);
-  if (!w.mask_ok && reporter) atomicOr(p.err, KDTREE_ERR_MASK);
+  if (!w.mask_ok && reporter) report_error(p.err, KDTREE_ERR_MASK);
   const int ntiles = (w.KV + bn - 1) / bn;
   const int per = (ntiles + p.num_splits - 1) / p.num_splits;
   w.t_begin = split * per;
@@ -668,6 +685,23 @@ int pick_rg(int device, int* rg_out) {
   return KDTREE_OK;
 }
 
+// Launches `kernel` as a programmatic dependent of the kernel before it on `stream`
+// (it may start once that one's CTAs have all called launch_dependents).
+template <typename K>
+cudaError_t launch_pdl(K kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const kdtree::Params& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 int launch_combine(const kdtree::Params& p, cudaStream_t stream);
 
 template <int RG>
@@ -689,8 +723,7 @@ int launch(const kdtree::Params& p, cudaStream_t stream) {
   }
   const int row_tiles = (p.max_n * p.H + C::BM - 1) / C::BM;
   dim3 grid(row_tiles, p.num_splits, p.bs);
-  kdtree::verify_attn_kernel<RG><<<grid, C::THREADS, C::SMEM, stream>>>(p);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_pdl(kdtree::verify_attn_kernel<RG>, grid, C::THREADS, C::SMEM, stream, p);
   if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
     return fail(KDTREE_ENOARCH, "no kernel image for this device (library built for %s)", KDTREE_ARCHS);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel launch: %s", cudaGetErrorString(e));
@@ -700,17 +733,9 @@ int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   if (p.num_splits <= 1) return KDTREE_OK;
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
   const bool narrow = p.num_splits <= kdtree::COMBINE_NARROW_MAX;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(narrow ? (rows + kdtree::COMBINE_GROUPS - 1) / kdtree::COMBINE_GROUPS : rows));
-  cfg.blockDim = dim3(kdtree::COMBINE_THREADS);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see pdl_wait_primary
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const cudaError_t e = narrow ? cudaLaunchKernelEx(&cfg, kdtree::combine_narrow_kernel, p)
-                               : cudaLaunchKernelEx(&cfg, kdtree::combine_wide_kernel, p);
+  const dim3 grid(static_cast<unsigned>(narrow ? (rows + kdtree::COMBINE_GROUPS - 1) / kdtree::COMBINE_GROUPS : rows));
+  const cudaError_t e = narrow ? launch_pdl(kdtree::combine_narrow_kernel, grid, kdtree::COMBINE_THREADS, 0, stream, p)
+                               : launch_pdl(kdtree::combine_wide_kernel, grid, kdtree::COMBINE_THREADS, 0, stream, p);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }
@@ -728,8 +753,7 @@ int launch_sm90(const kdtree::Params& p, cudaStream_t stream) {
   }
   const int row_tiles = (p.max_n * p.H + s9::BM - 1) / s9::BM;
   dim3 grid(row_tiles, p.num_splits, p.bs);
-  s9::verify_attn_kernel_sm90<<<grid, s9::THREADS, s9::SMEM, stream>>>(p);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_pdl(s9::verify_attn_kernel_sm90, grid, s9::THREADS, s9::SMEM, stream, p);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel (sm90) launch: %s", cudaGetErrorString(e));
   return launch_combine(p, stream);
 }
@@ -804,8 +828,11 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaGetDevice: %s", cudaGetErrorString(e));
-  e = cudaMemsetAsync(a->workspace, 0, kdtree::WS_HEADER, stream);  // clears the error word
-  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaMemsetAsync: %s", cudaGetErrorString(e));
+  kdtree::clear_error_kernel<<<1, kdtree::WS_HEADER / 4, 0, stream>>>(static_cast<int*>(a->workspace));
+  e = cudaGetLastError();
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+    return fail(KDTREE_ENOARCH, "no kernel image for this device (library built for %s)", KDTREE_ARCHS);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "clearing the error word: %s", cudaGetErrorString(e));
   if (a->bs == 0 || a->total_tokens == 0 || a->max_n == 0) return KDTREE_OK;
 
   kdtree::Params p{};

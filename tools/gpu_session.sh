@@ -13,13 +13,16 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs, l.kernel_name(0))" || {
   echo "carried library does not load; building here"; python3 -m kdtree_engine build --force; }
+# STEP_TIMEOUT (s) bounds the oracle and A/B steps: an experimental kernel that hangs
+# costs that much device time, not the whole call
+T="timeout -k 5 ${STEP_TIMEOUT:-1200}"
 pack() { tar -czf "${OUT:-/tmp}/results.tgz" -C /tmp ev bench $(cd /tmp && ls -d integrate-logs 2>/dev/null) 2>/dev/null; }
 trap pack EXIT
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
-    oracle-quick) python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
-    oracle) python3 -m kdtree_engine oracle ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ;;
+    oracle-quick) $T python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
+    oracle) $T python3 -m kdtree_engine oracle ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
@@ -37,12 +40,14 @@ for step in "$@"; do
     bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
     ab-micro) # the micro suite, ours and FlashMLA only: the carried baseline (build/lib/base), any
               # variants (build/lib/var-*), then the library under test (build/lib)
-              for so in build/lib/base/libkdtree_verify.so build/lib/var-*/libkdtree_verify.so build/lib/libkdtree_verify.so; do
-                [ -f $so ] || continue; lib=$(basename $(dirname $so)); echo "--- $lib"
-                KDTREE_LIB=$PWD/$so python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
+              # (AB_LIBS: a list of library folders instead)
+              for d in ${AB_LIBS:-build/lib/base build/lib/var-* build/lib}; do
+                so=$d/libkdtree_verify.so; [ -f $so ] || continue; lib=$(basename $d); echo "--- $lib"
+                KDTREE_LIB=$PWD/$so $T python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
                   --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| [0-9b]|^bench"
               done ;;
-    nox-oracle) python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
+    nox-oracle) $T python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
+    gpu-test-op) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py ;;
     gpu-test-graph) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph.py ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py tests/test_graph.py tests/test_defrag_gate.py tests/test_bench_gpu.py tests/test_sglang_integrate.py tests/test_sglang_plugin.py tests/test_sglang_fallback.py ;;
     ncu) timeout 300 ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 -o /tmp/bench/ncu-verify \
