@@ -30,7 +30,12 @@ constexpr int Q_OFF = 0;
 constexpr int K_OFF = TILE;                   // 2 stages
 constexpr int P_OFF = 3 * TILE;               // 64 x 64 bf16
 constexpr int RED_OFF = P_OFF + CHUNK;        // [2 warpgroups][64 rows] fp32 maxima, then the same for sums
-constexpr int SMEM = RED_OFF + 2 * 2 * 64 * 4 + 1024;  // + slack to align the base to 1024
+constexpr int FLAG_OFF = RED_OFF + 2 * 2 * 64 * 4;  // [2 tile parities] int: some row's maximum jumped
+constexpr int SMEM = FLAG_OFF + 16 + 1024;          // + slack to align the base to 1024
+// A row's maximum is re-agreed between the warpgroups only when a tile's score exceeds
+// the running one by more than 2^RESCALE_LOG2 (log2 units); below that, P is taken
+// against the stale maximum (values up to 2^8, exact after the final division by l).
+constexpr float RESCALE_LOG2 = 8.f;
 
 // Byte offset of 16-byte piece g (0..71) of row r in a swizzled 576-wide tile.
 __device__ __forceinline__ uint32_t swz(int r, int g) {
@@ -66,6 +71,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
   unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
   float* red = reinterpret_cast<float*>(smem + RED_OFF);
+  int* jumped = reinterpret_cast<int*>(smem + FLAG_OFF);
+  if (threadIdx.x < 2) jumped[threadIdx.x] = 0;  // published by the loop's first barrier
 
   pdl_launch_dependents();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
@@ -172,50 +179,68 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       mx[h] *= scale;
     }
+    // P against the running maximum; a row whose tile maximum jumps past it by more than
+    // 2^RESCALE_LOG2 flags the tile, and then both warpgroups agree on new maxima (their
+    // tile maxima through `red`) and redo P. Most tiles of a long prefix skip that barrier.
     if (tq == 0) {
       red[wg * 64 + row0] = mx[0];
       red[wg * 64 + row0 + 8] = mx[1];
     }
-    __syncthreads();
-    float corr[2], msub[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float other = red[(wg ^ 1) * 64 + row0 + 8 * h];
-      const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
-      msub[h] = m_new == -CUDART_INF_F ? 0.f : m_new;
-      corr[h] = fast_exp2(m_run[h] - msub[h]);
-      m_run[h] = m_new;
-    }
-    // ---- P (bf16, swizzled K-major 64 x 64) and the row sums of this warpgroup's keys ----
-    float rs[2] = {0.f, 0.f};
+    if (mx[0] > m_run[0] + RESCALE_LOG2 || mx[1] > m_run[1] + RESCALE_LOG2) jumped[tile & 1] = 1;
+    if (threadIdx.x == 0) jumped[(tile + 1) & 1] = 0;  // last read before this tile's top barrier
     unsigned char* pt = smem + P_OFF;
+    float rs[2];
+    auto write_p = [&](const float* msub) {
+      rs[0] = rs[1] = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = fast_exp2(fmaf(s[4 * j + 0], scale, -msub[0])), p1 = fast_exp2(fmaf(s[4 * j + 1], scale, -msub[0]));
-      const float p2 = fast_exp2(fmaf(s[4 * j + 2], scale, -msub[1])), p3 = fast_exp2(fmaf(s[4 * j + 3], scale, -msub[1]));
-      rs[0] += p0 + p1;
-      rs[1] += p2 + p3;
-      const int unit = wg * 4 + j;  // 8-key piece of the 64-key row
-      *reinterpret_cast<uint32_t*>(pt + row0 * 128 + ((unit ^ (row0 & 7)) << 4) + tq * 4) = pack_bf16(p0, p1);
-      *reinterpret_cast<uint32_t*>(pt + (row0 + 8) * 128 + ((unit ^ ((row0 + 8) & 7)) << 4) + tq * 4) =
-          pack_bf16(p2, p3);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
-      rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
-      l_run[h] = l_run[h] * corr[h] + rs[h];
-    }
-    // the maxima settle early in a long prefix: most tiles leave O as it is
-    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        o[4 * i + 0] *= corr[0]; o[4 * i + 1] *= corr[0];
-        o[4 * i + 2] *= corr[1]; o[4 * i + 3] *= corr[1];
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = fast_exp2(fmaf(s[4 * j + 0], scale, -msub[0])), p1 = fast_exp2(fmaf(s[4 * j + 1], scale, -msub[0]));
+        const float p2 = fast_exp2(fmaf(s[4 * j + 2], scale, -msub[1])), p3 = fast_exp2(fmaf(s[4 * j + 3], scale, -msub[1]));
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        const int unit = wg * 4 + j;  // 8-key piece of the 64-key row
+        *reinterpret_cast<uint32_t*>(pt + row0 * 128 + ((unit ^ (row0 & 7)) << 4) + tq * 4) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(pt + (row0 + 8) * 128 + ((unit ^ ((row0 + 8) & 7)) << 4) + tq * 4) =
+            pack_bf16(p2, p3);
       }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
+        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
+      }
+    };
+    {
+      const float msub[2] = {m_run[0] == -CUDART_INF_F ? 0.f : m_run[0], m_run[1] == -CUDART_INF_F ? 0.f : m_run[1]};
+      write_p(msub);
     }
     fence_proxy_async();  // P written by ordinary stores -> read by wgmma
     __syncthreads();
+    if (jumped[tile & 1]) {  // CTA-uniform: read after the barrier, cleared a tile later
+      float corr[2], msub[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float other = red[(wg ^ 1) * 64 + row0 + 8 * h];
+        const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
+        msub[h] = m_new == -CUDART_INF_F ? 0.f : m_new;
+        corr[h] = fast_exp2(m_run[h] - msub[h]);
+        m_run[h] = m_new;
+      }
+      write_p(msub);  // each thread rewrites only its own P entries
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * corr[h] + rs[h];
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          o[4 * i + 0] *= corr[0]; o[4 * i + 1] *= corr[0];
+          o[4 * i + 2] *= corr[1]; o[4 * i + 3] *= corr[1];
+        }
+      }
+      fence_proxy_async();
+      __syncthreads();
+    } else {
+      l_run[0] += rs[0];
+      l_run[1] += rs[1];
+    }
 
     // ---- O[64 x 256] += P[64 x 64] V[64 x 256] (columns wg*256..) ----
     fence_regs<128>(o);

@@ -47,6 +47,7 @@ class Case:
     index_dtype: torch.dtype = torch.int64
     strided: bool = False
     max_n: int | None = None
+    keys: str = "random"  # or "ramp" / "spike": see shape_keys
 
 
 def cases() -> list[Case]:
@@ -82,6 +83,13 @@ def cases() -> list[Case]:
     for s in (1, 2, 3, 17, 64, 200):
         cs.append(Case("splits", f"splits{s}", [4095], [16], 8, num_splits=s))
     cs.append(Case("splits", "prefix0-splits8", [0], [16], 8, num_splits=8))
+    # running maxima that move late: the kernel re-agrees a row's maximum only when it jumps
+    cs += [
+        Case("rescale", "ramp-L23000", [23000], [16], 8, keys="ramp"),
+        Case("rescale", "ramp-L4095-splits1", [4095], [16], 8, keys="ramp", num_splits=1),
+        Case("rescale", "spike-L65536", [65536], [16], 8, keys="spike"),
+        Case("rescale", "spike-L4095-splits1-H64", [4095], [7], 64, keys="spike", num_splits=1),
+    ]
     cs += [
         Case("edge", "strided-q-out", [4095], [16], 8, strided=True),
         Case("edge", "max_n-above-N", [100, 7], [5, 3], 4, max_n=32),
@@ -90,12 +98,32 @@ def cases() -> list[Case]:
     return cs
 
 
+def shape_keys(b: workloads.Batch, how: str) -> None:
+    """Make request 0's scores move late in its prefix. "ramp" scales the rope columns of
+    key j by 1 + 39 j / L (every few tiles some row's maximum jumps by more than 2^8 in
+    log2 units); "spike" replaces one key near the end with twice the request's first
+    query row (that row's maximum jumps by ~200 in one of the last tiles)."""
+    if how == "random":
+        return
+    lo, hi = int(b.kv_indptr[0]), int(b.kv_indptr[1])
+    slots = b.kv_indices[lo:hi].long()
+    kv = b.kv_buffer.view(b.kv_buffer.shape[0], -1)
+    if how == "ramp":  # the rope columns only: scores move, V (columns :512) stays O(1)
+        f = torch.linspace(1.0, 40.0, hi - lo, device=kv.device)[:, None]
+        kv[slots, 512:] = (kv[slots, 512:].float() * f).to(kv.dtype)
+    elif how == "spike":
+        kv[slots[-min(100, hi - lo)]] = (b.q[int(b.qo_indptr[0]), 0].float() * 2).to(kv.dtype)
+    else:
+        raise ValueError(f"keys: expected random, ramp or spike, got {how!r}")
+
+
 def run_case(c: Case, seed: int, device: torch.device) -> dict:
     from kdtree_engine.kernel.op import verify_attention
 
     b = workloads.make_batch(c.prefix_lens, c.n_drafts, c.heads, tree=c.tree, layout=c.layout,
                              mask_dtype=c.mask_dtype, sm_scale=c.sm_scale, seed=seed, device=device,
                              index_dtype=c.index_dtype, max_n=c.max_n)
+    shape_keys(b, c.keys)
     T, H = b.q.shape[0], b.q.shape[1]
     q = b.q
     if c.strided:  # q rows inside a wider buffer, out as a view of a wider buffer
