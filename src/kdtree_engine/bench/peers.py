@@ -106,6 +106,14 @@ class Ours(Peer):
         return run
 
 
+def _sglang_args(b: workloads.Batch) -> tuple[torch.Tensor, tuple]:
+    """(out, positional args) of SGLang's extend_attention_fwd and verify_shared_kv_fwd,
+    which take the same leading arguments: V is the first 512 columns of the latents."""
+    o = _nan_out(b)
+    return o, (b.q, b.k_ext, b.k_ext[..., :V_DIM], o, b.kv_buffer, b.kv_buffer[..., :V_DIM], b.qo_indptr,
+               b.kv_indptr, b.kv_indices, b.custom_mask, True, b.mask_indptr, b.max_n, 1.0, 1.0)
+
+
 class SGLangExtend(Peer):
     name = "sglang-extend"
     label = "SGLang extend"
@@ -121,15 +129,10 @@ class SGLangExtend(Peer):
 
     def prepare(self, batch: workloads.Batch) -> Runner:
         fwd = importlib.import_module(self.module).extend_attention_fwd
-        b = batch
-        o = _nan_out(b)
-        k = b.k_ext
-        v = b.k_ext[..., :V_DIM]
-        pool_v = b.kv_buffer[..., :V_DIM]
+        o, args = _sglang_args(batch)
 
         def run() -> torch.Tensor:
-            fwd(b.q, k, v, o, b.kv_buffer, pool_v, b.qo_indptr, b.kv_indptr, b.kv_indices,
-                b.custom_mask, True, b.mask_indptr, b.max_n, 1.0, 1.0, sm_scale=b.sm_scale)
+            fwd(*args, sm_scale=batch.sm_scale)
             return o
 
         return run
@@ -146,19 +149,13 @@ class SGLangSplitKV(Peer):
 
     def prepare(self, batch: workloads.Batch) -> Runner:
         mod = importlib.import_module(self.module)
-        b = batch
-        o = _nan_out(b)
-        k = b.k_ext
-        v = b.k_ext[..., :V_DIM]
-        pool_v = b.kv_buffer[..., :V_DIM]
-        args = (b.q, k, v, o, b.kv_buffer, pool_v, b.qo_indptr, b.kv_indptr, b.kv_indices,
-                b.custom_mask, True, b.mask_indptr, b.max_n, 1.0, 1.0)
+        o, args = _sglang_args(batch)
         can = getattr(mod, "can_handle", None)
         if can is not None and not can(*args[:3], *args[4:13]):
             raise PeerUnsupported("verify_mla.can_handle returned False for this case")
 
         def run() -> torch.Tensor:
-            if not mod.verify_shared_kv_fwd(*args, sm_scale=b.sm_scale):
+            if not mod.verify_shared_kv_fwd(*args, sm_scale=batch.sm_scale):
                 raise PeerUnsupported("verify_shared_kv_fwd returned False (cannot handle this case)")
             return o
 

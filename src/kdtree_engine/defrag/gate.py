@@ -207,14 +207,9 @@ def bench_us(fn: Callable[[], Any], device: torch.device) -> tuple[float, str]:
         return float(do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3, "triton.testing.do_bench median"
     for _ in range(10):
         fn()
-    times = []
-    for _ in range(200):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+    from kdtree_engine.bench.timing import timed_ms
+
+    times = [timed_ms(fn) * 1e3 for _ in range(200)]
     return statistics.median(times), "CUDA-event median"
 
 

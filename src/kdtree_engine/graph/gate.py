@@ -20,12 +20,14 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from kdtree_engine.bench.timing import timed_ms
 from kdtree_engine.graph.capture import Capacity, VerifyGraph
 from kdtree_engine.kernel.op import VerifyArgumentError, verify_attention
 from kdtree_engine.oracle import compare, reference, workloads
@@ -135,15 +137,7 @@ def run(max_prefix: int, seed: int) -> tuple[bool, dict, list[dict]]:
 
     # what graphs buy at this size: eager call vs replay (CUDA events, median)
     def med(fn, reps=50):
-        ts = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3)
-        return sorted(ts)[len(ts) // 2]
+        return statistics.median(timed_ms(fn) * 1e3 for _ in range(reps))
 
     vg.load(_step(pool, [max_prefix] * max_bs, n, heads, "eagle", 5, sm_scale))
     t_replay = med(vg.replay)
