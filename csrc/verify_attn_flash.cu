@@ -496,15 +496,18 @@ __global__ void __launch_bounds__(Cfg<RG>::THREADS, 1) verify_attn_kernel(const 
 
 namespace kdtree {
 
-// Merge the splits of each query row by their log-sum-exp. 512-thread CTAs, 128 threads
-// (4 columns each) per row. Few splits (<= COMBINE_NARROW_MAX): 4 rows per CTA, each thread
-// walks the splits itself. Many splits: one row per CTA; the LSEs go through shared memory
-// once (max, then weights) and the 4 groups of 128 threads sum splits q, q + 4, ... with
-// COMBINE_UNROLL loads in flight each (a serial walk over 66 splits was latency-bound), then
-// meet in shared memory.
+// Merge the splits of each query row by their log-sum-exp, 128 threads (4 columns each)
+// per row. Few splits (<= COMBINE_NARROW_MAX): 512-thread CTAs of 4 rows, each thread
+// walks the splits itself. Many splits: one row per CTA of G groups of 128 threads; the
+// LSEs go through shared memory once (max, then weights) and group q sums splits q,
+// q + G, ... with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
+// latency-bound), then the groups meet in shared memory. G = 8 (64 splits in flight, one
+// round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
+// resident per SM, which costs more than it saves at 16 splits (bs1 N64 H8 65k +4 us).
 constexpr int COMBINE_GROUPS = 4;
 constexpr int COMBINE_UNROLL = 8;
 constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
+constexpr int COMBINE_WIDE8_MIN = 33;
 constexpr int COMBINE_NARROW_MAX = 8;
 constexpr int COMBINE_MAX_SPLITS = 1024;  // weights cached in shared memory; more splits re-read the LSE
 
@@ -556,10 +559,12 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const P
   combine_store(p, tok, head, c, o, sum, mx, grow, c == 0);
 }
 
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Params p) {
+template <int G>
+__global__ void __launch_bounds__(128 * G) combine_wide_kernel(const Params p) {
+  constexpr int COMBINE_WIDE_THREADS = 128 * G, COMBINE_WIDE_GROUPS = G;
   __shared__ float w_s[COMBINE_MAX_SPLITS];
-  __shared__ float red[COMBINE_THREADS / 32];
-  __shared__ float4 part[COMBINE_GROUPS - 1][128];
+  __shared__ float red[COMBINE_WIDE_THREADS / 32];
+  __shared__ float4 part[COMBINE_WIDE_GROUPS - 1][128];
   pdl_wait_primary();
   const int64_t grow = blockIdx.x;  // global row = token * H + head
   int tok, head;
@@ -570,7 +575,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Par
   const int S = p.num_splits;
   const bool cached = S <= COMBINE_MAX_SPLITS;
   float mx = -CUDART_INF_F;  // max of the LSEs
-  for (int s = tid; s < S; s += COMBINE_THREADS) {
+  for (int s = tid; s < S; s += COMBINE_WIDE_THREADS) {
     const float ls = p.lse_part[s * TH + grow];
     if (cached) w_s[s] = ls;
     mx = fmaxf(mx, ls);
@@ -581,12 +586,12 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Par
   __syncthreads();
   mx = red[0];
 #pragma unroll
-  for (int i = 1; i < COMBINE_THREADS / 32; ++i) mx = fmaxf(mx, red[i]);
+  for (int i = 1; i < COMBINE_WIDE_THREADS / 32; ++i) mx = fmaxf(mx, red[i]);
   __syncthreads();  // red is reused for the sum below
   // weights exp(lse - max); an empty split (LSE -inf, O never written) weighs 0
   float sum = 0.f;
   if (mx != -CUDART_INF_F) {
-    for (int s = tid; s < S; s += COMBINE_THREADS) {
+    for (int s = tid; s < S; s += COMBINE_WIDE_THREADS) {
       const float ls = cached ? w_s[s] : p.lse_part[s * TH + grow];
       const float wt = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
       if (cached) w_s[s] = wt;
@@ -599,18 +604,18 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Par
   __syncthreads();
   sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < COMBINE_THREADS / 32; ++i) sum += red[i];
+  for (int i = 0; i < COMBINE_WIDE_THREADS / 32; ++i) sum += red[i];
 
   const int grp = tid / 128, c = (tid % 128) * 4;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   if (sum > 0.f) {
     const float* base = p.o_part + grow * DV + c;
-    for (int s0 = grp; s0 < S; s0 += COMBINE_GROUPS * COMBINE_UNROLL) {
+    for (int s0 = grp; s0 < S; s0 += COMBINE_WIDE_GROUPS * COMBINE_UNROLL) {
       float4 v[COMBINE_UNROLL];
       float wt[COMBINE_UNROLL];
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {
-        const int s = s0 + u * COMBINE_GROUPS;
+        const int s = s0 + u * COMBINE_WIDE_GROUPS;
         wt[u] = 0.f;
         v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (s < S) {
@@ -633,7 +638,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_wide_kernel(const Par
   __syncthreads();
   if (grp > 0) return;
 #pragma unroll
-  for (int q = 0; q < COMBINE_GROUPS - 1; ++q) {
+  for (int q = 0; q < COMBINE_WIDE_GROUPS - 1; ++q) {
     const float4 v = part[q][tid];
     o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
   }
@@ -734,8 +739,13 @@ int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
   const bool narrow = p.num_splits <= kdtree::COMBINE_NARROW_MAX;
   const dim3 grid(static_cast<unsigned>(narrow ? (rows + kdtree::COMBINE_GROUPS - 1) / kdtree::COMBINE_GROUPS : rows));
-  const cudaError_t e = narrow ? launch_pdl(kdtree::combine_narrow_kernel, grid, kdtree::COMBINE_THREADS, 0, stream, p)
-                               : launch_pdl(kdtree::combine_wide_kernel, grid, kdtree::COMBINE_THREADS, 0, stream, p);
+  cudaError_t e;
+  if (narrow)
+    e = launch_pdl(kdtree::combine_narrow_kernel, grid, kdtree::COMBINE_THREADS, 0, stream, p);
+  else if (p.num_splits >= kdtree::COMBINE_WIDE8_MIN)
+    e = launch_pdl(kdtree::combine_wide_kernel<8>, grid, 128 * 8, 0, stream, p);
+  else
+    e = launch_pdl(kdtree::combine_wide_kernel<4>, grid, 128 * 4, 0, stream, p);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }

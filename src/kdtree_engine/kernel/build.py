@@ -128,7 +128,8 @@ _REG_RE = re.compile(r"Used (\d+) registers")
 
 def _short(name: str) -> str:
     """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_wide_kernel)."""
-    m = re.search(r"(verify_attn_kernel_sm90|verify_attn_kernel|combine_\w+?_kernel|combine_kernel)(ILi(\d+)EE)?", name)
+    m = re.search(r"(verify_attn_kernel_sm90|verify_attn_kernel|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
+                  r"(ILi(\d+)EE)?", name)
     if not m:
         return name
     return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)
