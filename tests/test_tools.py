@@ -1,0 +1,48 @@
+"""tools/gpu_session.sh, which spends GPU time when it is wrong: it parses, and its usage
+lines name exactly the steps it runs and the variables it reads (CPU)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "gpu_session.sh"
+
+
+def _header(text: str, key: str) -> set[str]:
+    """Words of the `# key:` comment line and its indented continuation lines."""
+    words: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"# {key}:"):
+            words += line.split(":", 1)[1].replace(",", " ").split()
+            for cont in lines[i + 1:]:
+                if not re.match(r"#\s{4,}\S", cont):
+                    break
+                words += cont.lstrip("#").replace(",", " ").split()
+    return set(words)
+
+
+def test_usage_lists_exactly_the_steps_it_runs():
+    text = SCRIPT.read_text()
+    run = set(re.findall(r"^    ([a-z0-9-]+)\)", text, re.M))
+    assert run, "no step labels found"
+    assert _header(text, "steps") == run
+
+
+def test_usage_lists_the_variables_it_reads():
+    text = SCRIPT.read_text()
+    read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)(?::[-+])", text))
+    documented = _header(text, "env")
+    missing = read - {"OUT"} - documented  # OUT: set by the device tool
+    assert read and not missing, f"undocumented: {sorted(missing)}"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_script_parses():
+    r = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
