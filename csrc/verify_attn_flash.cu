@@ -560,11 +560,14 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const P
 }
 
 template <int G>
-__global__ void __launch_bounds__(128 * G) combine_wide_kernel(const Params p) {
-  constexpr int COMBINE_WIDE_THREADS = 128 * G, COMBINE_WIDE_GROUPS = G;
+constexpr int COMBINE_WIDE_THREADS = 128 * G;  // G groups of 128 threads
+
+template <int G>
+__global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(const Params p) {
+  constexpr int NT = COMBINE_WIDE_THREADS<G>;
   __shared__ float w_s[COMBINE_MAX_SPLITS];
-  __shared__ float red[COMBINE_WIDE_THREADS / 32];
-  __shared__ float4 part[COMBINE_WIDE_GROUPS - 1][128];
+  __shared__ float red[NT / 32];
+  __shared__ float4 part[G - 1][128];
   pdl_wait_primary();
   const int64_t grow = blockIdx.x;  // global row = token * H + head
   int tok, head;
@@ -575,7 +578,7 @@ __global__ void __launch_bounds__(128 * G) combine_wide_kernel(const Params p) {
   const int S = p.num_splits;
   const bool cached = S <= COMBINE_MAX_SPLITS;
   float mx = -CUDART_INF_F;  // max of the LSEs
-  for (int s = tid; s < S; s += COMBINE_WIDE_THREADS) {
+  for (int s = tid; s < S; s += NT) {
     const float ls = p.lse_part[s * TH + grow];
     if (cached) w_s[s] = ls;
     mx = fmaxf(mx, ls);
@@ -586,12 +589,12 @@ __global__ void __launch_bounds__(128 * G) combine_wide_kernel(const Params p) {
   __syncthreads();
   mx = red[0];
 #pragma unroll
-  for (int i = 1; i < COMBINE_WIDE_THREADS / 32; ++i) mx = fmaxf(mx, red[i]);
+  for (int i = 1; i < NT / 32; ++i) mx = fmaxf(mx, red[i]);
   __syncthreads();  // red is reused for the sum below
   // weights exp(lse - max); an empty split (LSE -inf, O never written) weighs 0
   float sum = 0.f;
   if (mx != -CUDART_INF_F) {
-    for (int s = tid; s < S; s += COMBINE_WIDE_THREADS) {
+    for (int s = tid; s < S; s += NT) {
       const float ls = cached ? w_s[s] : p.lse_part[s * TH + grow];
       const float wt = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
       if (cached) w_s[s] = wt;
@@ -604,18 +607,18 @@ __global__ void __launch_bounds__(128 * G) combine_wide_kernel(const Params p) {
   __syncthreads();
   sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < COMBINE_WIDE_THREADS / 32; ++i) sum += red[i];
+  for (int i = 0; i < NT / 32; ++i) sum += red[i];
 
   const int grp = tid / 128, c = (tid % 128) * 4;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   if (sum > 0.f) {
     const float* base = p.o_part + grow * DV + c;
-    for (int s0 = grp; s0 < S; s0 += COMBINE_WIDE_GROUPS * COMBINE_UNROLL) {
+    for (int s0 = grp; s0 < S; s0 += G * COMBINE_UNROLL) {
       float4 v[COMBINE_UNROLL];
       float wt[COMBINE_UNROLL];
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {
-        const int s = s0 + u * COMBINE_WIDE_GROUPS;
+        const int s = s0 + u * G;
         wt[u] = 0.f;
         v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (s < S) {
@@ -638,7 +641,7 @@ __global__ void __launch_bounds__(128 * G) combine_wide_kernel(const Params p) {
   __syncthreads();
   if (grp > 0) return;
 #pragma unroll
-  for (int q = 0; q < COMBINE_WIDE_GROUPS - 1; ++q) {
+  for (int q = 0; q < G - 1; ++q) {
     const float4 v = part[q][tid];
     o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
   }
@@ -734,6 +737,10 @@ int launch(const kdtree::Params& p, cudaStream_t stream) {
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel launch: %s", cudaGetErrorString(e));
   return launch_combine(p, stream);
 }
+template <int G>
+cudaError_t launch_wide(dim3 grid, cudaStream_t stream, const kdtree::Params& p) {
+  return launch_pdl(kdtree::combine_wide_kernel<G>, grid, kdtree::COMBINE_WIDE_THREADS<G>, 0, stream, p);
+}
 int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   if (p.num_splits <= 1) return KDTREE_OK;
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
@@ -743,9 +750,9 @@ int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   if (narrow)
     e = launch_pdl(kdtree::combine_narrow_kernel, grid, kdtree::COMBINE_THREADS, 0, stream, p);
   else if (p.num_splits >= kdtree::COMBINE_WIDE8_MIN)
-    e = launch_pdl(kdtree::combine_wide_kernel<8>, grid, 128 * 8, 0, stream, p);
+    e = launch_wide<8>(grid, stream, p);
   else
-    e = launch_pdl(kdtree::combine_wide_kernel<4>, grid, 128 * 4, 0, stream, p);
+    e = launch_wide<4>(grid, stream, p);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }
@@ -774,7 +781,7 @@ extern "C" {
 const char* kdtree_kernel_name(int device) {
   int which = 0;
   if (pick_kernel(device, &which) != KDTREE_OK) return "unknown";
-  return which == 2 ? "wgmma-sm90a-64x64" : which == 4 ? "mma.sync-64x32" : "mma.sync-16x32";
+  return which == 2 ? "wgmma-sm90a-seesaw-64x64" : which == 4 ? "mma.sync-64x32" : "mma.sync-16x32";
 }
 
 

@@ -2,18 +2,30 @@
 //
 // Same work split, metadata checks, masking, split-KV and epilogue as the
 // portable mma.sync kernel (verify_attn_flash.cu includes this file after
-// those helpers). What changes is how the tensor cores are fed:
-// - 2 warpgroups, 64 query rows, 64-key tiles. Q (64 x 576) and each key tile
-//   (64 x 576) sit in shared memory in the 128-byte-swizzled layout wgmma reads
-//   directly (9 chunks of 64 rows x 64 columns), so Q is never re-read through
-//   registers: S = Q K^T is 36 wgmma.m64n32k16 per warpgroup, warpgroup w taking
-//   keys w*32..w*32+31.
-// - The two warpgroups exchange only their row maxima (and, at the end, row
-//   sums) through shared memory; each writes its half of P (bf16) into a
-//   swizzled 64 x 64 tile.
-// - O = P V: warpgroup w owns columns w*256..w*256+255, 4 wgmma.m64n256k16 per
-//   tile with V read from the same key tile (MN-major, transposed B).
-// - Key tiles double-buffered with 16-byte cp.async gathers (page size 1).
+// those helpers). What changes is how the tensor cores are fed, on FlashMLA's
+// staggered ("seesaw") dense-decode schedule:
+// - 64 query rows, 64-key blocks taken in pairs. Q (64 x 576) and two key
+//   blocks (64 x 576 each) sit in shared memory in the 128-byte-swizzled layout
+//   wgmma reads directly (9 chunks of 64 rows x 64 columns). Buffer 0 holds the
+//   even blocks of the split, buffer 1 the odd ones.
+// - Warpgroup 0 computes S of block 2j, warpgroup 1 of block 2j + 1 (36
+//   wgmma.m64n64k16 each); O is split by columns (warpgroup w owns 256 w ..
+//   256 w + 255, 4 wgmma.m64n256k16 per block with V read from the key buffer,
+//   MN-major). Each block's P (bf16) is written over its buffer's rope chunk
+//   (chunk 8, read only by that block's S) and read by both warpgroups.
+// - A row's maximum after block b is the lazy update of the one after block
+//   b - 1 (moved only when the block passes it by more than 2^RESCALE_LOG2), so
+//   warpgroup 1's softmax of block 2j + 1 waits for warpgroup 0's of block 2j
+//   (named barrier 2) and warpgroup 0's PV of block 2j + 1 for warpgroup 1's
+//   (named barrier 3). O and the row sums are rescaled whenever the maximum
+//   their next P refers to moved (rarely, with the lazy rule).
+//     warpgroup 0: S(2j), softmax, PV_L(2j), [barrier 3] PV_L(2j + 1), S(2j + 2) ...
+//     warpgroup 1: S(2j + 1), [barrier 2] softmax, PV_R(2j), PV_R(2j + 1), ...
+// - A producer warpgroup gathers key rows (page size 1) with 16-byte cp.async,
+//   eight lanes per 128-byte line, and reloads a buffer piece group by piece
+//   group as its readers finish (chunks 0-3 after warpgroup 0's PV, 4-7 after
+//   warpgroup 1's, 8 = P after both): one "full" and one "empty" mbarrier per
+//   buffer and piece group. docs/kernel-notes.md (session D) has the history.
 #pragma once
 
 #include "wgmma_ops.cuh"
@@ -23,24 +35,18 @@ namespace sm90 {
 
 constexpr int BM = 64;
 constexpr int BN = 64;
-constexpr int THREADS = 256;
-constexpr int CHUNK = 64 * 128;               // one 64-row x 64-column swizzled chunk (bytes)
-constexpr int TILE = 9 * CHUNK;               // 64 rows x 576 columns
-constexpr int Q_OFF = 0;
-constexpr int K_OFF = TILE;                   // 2 stages
-constexpr int P_OFF = 3 * TILE;               // 64 x 64 bf16
-constexpr int RED_OFF = P_OFF + CHUNK;        // [2 warpgroups][64 rows] fp32 maxima, then the same for sums
-constexpr int FLAG_OFF = RED_OFF + 2 * 2 * 64 * 4;  // [2 tile parities] int: some row's maximum jumped
-constexpr int SMEM = FLAG_OFF + 16 + 1024;          // + slack to align the base to 1024
-// A row's maximum is re-agreed between the warpgroups only when a tile's score exceeds
-// the running one by more than 2^RESCALE_LOG2 (log2 units); below that, P is taken
-// against the stale maximum (values up to 2^8, exact after the final division by l).
+constexpr int THREADS = 384;                        // warpgroups 0, 1: math; 2: producer
+constexpr int CHUNK = 64 * 128;                     // one 64-row x 64-column swizzled chunk (bytes)
+constexpr int TILE = 9 * CHUNK;                     // 64 rows x 576 columns
+constexpr int Q_OFF = 0;                            // Q, then key buffer 0 at TILE, buffer 1 at 2 TILE
+constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published maxima, then [2][64] row sums
+constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3]
+constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base to 1024
+constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
+// A row's maximum moves only when a block's score exceeds it by more than
+// 2^RESCALE_LOG2 (log2 units); below that, P is taken against the stale maximum
+// (values up to 2^8, exact after the final division by l).
 constexpr float RESCALE_LOG2 = 8.f;
-
-// Byte offset of 16-byte piece g (0..71) of row r in a swizzled 576-wide tile.
-__device__ __forceinline__ uint32_t swz(int r, int g) {
-  return (g >> 3) * CHUNK + r * 128 + (((g & 7) ^ (r & 7)) << 4);
-}
 
 // wgmma shared-memory descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
@@ -63,115 +69,236 @@ __device__ __forceinline__ void fence_regs(float* r) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// arrive on `bar` when all of this thread's earlier cp.asyncs have landed
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\n"
+      "bra LAB_WAIT;\n"
+      "DONE:\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void math_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  // align to 1024 by an offset from smem_raw, so that the compiler keeps the shared address
-  // space (plain STS/LDS, not generic stores) for everything derived from it
   unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
-  float* red = reinterpret_cast<float*>(smem + RED_OFF);
-  int* jumped = reinterpret_cast<int*>(smem + FLAG_OFF);
-  if (threadIdx.x < 2) jumped[threadIdx.x] = 0;  // published by the loop's first barrier
+  float* mpub = reinterpret_cast<float*>(smem + MPUB_OFF);  // [buffer][row]: maximum after that buffer's block
+  const uint32_t bars = sbase + BAR_OFF;
+  auto full = [&](int buf, int grp) { return bars + 8u * (3 * buf + grp); };
+  auto empty = [&](int buf, int grp) { return bars + 48u + 8u * (3 * buf + grp); };
 
   pdl_launch_dependents();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31;
-  // warpgroup index, provably warp-uniform (so descriptors stay in uniform registers)
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wwarp = (tid >> 5) & 3;
-  const int g = lane >> 2, tq = lane & 3;
+  const int tid = threadIdx.x;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
 
   Work w;
-  if (!setup_work(p, b, rt * BM, BM, split, BN, tid, THREADS, w)) return;
+  if (!setup_work(p, b, rt * BM, BM, split, BN, tid, THREADS, w)) return;  // uniform over the CTA
   const int H = p.H;
-
-  // loader: 4 threads per row (64 rows), 18 pieces each. Piece gi = lsub + 4 j sits in
-  // chunk j / 2 at swizzled column (gi & 7) ^ (row & 7), and gi & 7 = lsub + 4 (j & 1):
-  // two per-thread offsets plus compile-time constants.
-  const int lrow = tid >> 2, lsub = tid & 3;
-  const uint32_t lo_even = lrow * 128 + ((lsub ^ (lrow & 7)) << 4);
-  const uint32_t lo_odd = lrow * 128 + (((lsub + 4) ^ (lrow & 7)) << 4);
-  auto issue_row = [&](uint32_t dst, const __nv_bfloat16* src, bool valid) {
+  const int npairs = (w.t_end - w.t_begin + 1) / 2;
+  if (tid == 0) {
 #pragma unroll
-    for (int j = 0; j < CHUNKS / 4; ++j)
-      cp_async16(dst + (j >> 1) * CHUNK + ((j & 1) ? lo_odd : lo_even), src + (lsub + 4 * j) * 8, valid);
-  };
-  {
+    for (int i = 0; i < 6; ++i) mbar_init(bars + 8u * i, 64);  // full: 64 producer rows each
+#pragma unroll
+    for (int buf = 0; buf < 2; ++buf) {
+      mbar_init(empty(buf, G03), 128);  // warpgroup 0's PV_L
+      mbar_init(empty(buf, G47), 128);  // warpgroup 1's PV_R
+      mbar_init(empty(buf, G8), 256);   // P: both PVs
+    }
+    fence_mbar_init();
+  }
+  if (wg < 2) {  // Q rows, by the math warpgroups: 4 threads per row, 18 pieces each
+    const int lrow = tid >> 2, lsub = tid & 3;
+    const uint32_t lo_even = lrow * 128 + ((lsub ^ (lrow & 7)) << 4);
+    const uint32_t lo_odd = lrow * 128 + (((lsub + 4) ^ (lrow & 7)) << 4);
     const int rr = w.r0 + lrow;
     const bool ok = rr < w.rows;
     const int tok = ok ? rr / H : 0, head = ok ? rr % H : 0;
-    const __nv_bfloat16* src = p.q + static_cast<int64_t>(w.qo_start + tok) * p.q_st + static_cast<int64_t>(head) * p.q_sh;
-    issue_row(sbase + Q_OFF, ok ? src : p.q, ok);
-  }
-  auto issue_tile = [&](int stage, KeySrc src) {
-    issue_row(sbase + K_OFF + stage * TILE, src.valid ? src.ptr : p.kv, src.valid);
-  };
-  // this thread's key row: its slot id is loaded one tile before its copy is issued
-  issue_tile(0, key_source(p, w.t_begin * BN + lrow, w.L, w.N, w.kv_lo, w.qo_start));
-  cp_async_commit();
-  int64_t slot_next = key_slot(p, (w.t_begin + 1) * BN + lrow, w.L, w.kv_lo);
-
-  // Descriptors of the operand bases; a k-step or a stage adds (byte offset >> 4) to the
-  // start-address field, which cannot carry out of it (shared addresses < 2^18).
-  const uint64_t dq0 = desc(sbase + Q_OFF, 16, 1024);
-  const uint64_t dk0 = desc(sbase + K_OFF + wg * 32 * 128, 16, 1024);
-  const uint64_t dp0 = desc(sbase + P_OFF, 16, 1024);
-  const uint64_t dv0 = desc(sbase + K_OFF + wg * 4 * CHUNK, CHUNK, 1024);
-
-  float o[128];
+    const __nv_bfloat16* src = ok ? p.q + static_cast<int64_t>(w.qo_start + tok) * p.q_st + static_cast<int64_t>(head) * p.q_sh : p.q;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running maxima, log2 units
-  float l_run[2] = {0.f, 0.f};  // over this warpgroup's keys only; summed at the end
+    for (int j = 0; j < CHUNKS / 4; ++j)
+      cp_async16(sbase + Q_OFF + (j >> 1) * CHUNK + ((j & 1) ? lo_odd : lo_even), src + (lsub + 4 * j) * 8, ok);
+    cp_async_commit();
+  }
+  __syncthreads();  // mbarriers initialised and visible before any use
+
+  if (wg == 2) {
+    // ---------------- producer: 64 threads per buffer (x) ----------------
+    // Each thread resolves one key row's source (row = pt & 63); the copies are issued
+    // with 8 lanes per row (lane & 7: the 16-byte piece of a 128-byte chunk line), so a
+    // warp instruction moves four whole 128-byte lines: lane rsub copies rows
+    // 4 i + rsub of its warp's 32, their sources taken from the owning lanes by shuffle.
+    setmaxnreg_dec<48>();  // 168 x 384 registers at launch = 48 x 128 (here) + 224 x 256 (math)
+    const int pt = tid - 256, x = pt >> 6, row = pt & 63;
+    const int lane = tid & 31, q = lane & 7, rsub = lane >> 3;
+    const uint32_t blk = sbase + (1 + x) * TILE + (pt & 32) * 128 + rsub * 128;
+    int64_t slot = key_slot(p, (w.t_begin + x) * BN + row, w.L, w.kv_lo);
+    for (int j = 0; j < npairs; ++j) {
+      const int tile = w.t_begin + 2 * j + x;
+      const KeySrc k = key_resolve(p, slot, tile * BN + row, w.L, w.N, w.qo_start);
+      slot = key_slot(p, (tile + 2) * BN + row, w.L, w.kv_lo);  // consumed next pair
+      const long long own = reinterpret_cast<long long>(k.valid ? k.ptr : p.kv);
+      const uint32_t vmask = __ballot_sync(0xffffffffu, k.valid);
+      auto issue = [&](int c0, int c1) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int src_lane = 4 * i + rsub;
+          const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(__shfl_sync(0xffffffffu, own, src_lane)) + q * 8;
+          const bool valid = (vmask >> src_lane) & 1u;
+          const uint32_t dst = blk + i * 512 + ((q ^ ((4 * (i & 1)) + rsub)) << 4);
+#pragma unroll
+          for (int c = c0; c < c1; ++c) cp_async16(dst + c * CHUNK, src + c * 64, valid);
+        }
+      };
+      const uint32_t par = (j - 1) & 1;  // this buffer's previous block released
+      if (j > 0) mbar_wait(empty(x, G03), par);
+      issue(0, 4);
+      cp_async_mbar_arrive(full(x, G03));
+      if (j > 0) mbar_wait(empty(x, G47), par);
+      issue(4, 8);
+      cp_async_mbar_arrive(full(x, G47));
+      if (j > 0) mbar_wait(empty(x, G8), par);
+      issue(8, 9);
+      cp_async_mbar_arrive(full(x, G8));
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ---------------- math warpgroups: wg computes S of buffer wg's blocks, O[:, 256 wg ..] ----------------
+  setmaxnreg_inc<224>();
+  const int lane = tid & 31, wwarp = (tid >> 5) & 3;
+  const int g = lane >> 2, tq = lane & 3;
   const int row0 = wwarp * 16 + g;  // this thread's rows in the tile: row0, row0 + 8
   const int myrow0 = w.r0 + row0;
   const int tok0 = myrow0 < w.rows ? myrow0 / H : -1;
   const int tok1 = myrow0 + 8 < w.rows ? (myrow0 + 8) / H : -1;
   const float scale = p.scale_log2;
+  const uint32_t buf0 = sbase + TILE, buf1 = sbase + 2 * TILE;
+  const uint64_t dq0 = desc(sbase + Q_OFF, 16, 1024);
+  const uint64_t dk0 = desc(wg ? buf1 : buf0, 16, 1024);
+  const uint64_t dp[2] = {desc(buf0 + 8 * CHUNK, 16, 1024), desc(buf1 + 8 * CHUNK, 16, 1024)};
+  const uint64_t dv[2] = {desc(buf0 + wg * 4 * CHUNK, CHUNK, 1024), desc(buf1 + wg * 4 * CHUNK, CHUNK, 1024)};
+  unsigned char* pt = smem + (1 + wg) * TILE + 8 * CHUNK;  // this warpgroup's P: its buffer's chunk 8
+  const int my_v = wg ? G47 : G03;                        // the V half this warpgroup reads
 
-  for (int tile = w.t_begin; tile < w.t_end; ++tile) {
-    const int stage = (tile - w.t_begin) & 1;
-    cp_async_wait_all();
-    fence_proxy_async();  // cp.async writes -> visible to the wgmma (async) proxy
-    __syncthreads();
-    const uint64_t st = static_cast<uint64_t>(stage * (TILE >> 4));
-
-    // ---- S[64 x 32] = Q K^T for keys wg*32.. (raw scores), issued before the next
-    // tile's copies so that the tensor cores work while this thread's cp.asyncs queue ----
-    float s[16];
+  float o[128];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    fence_regs<16>(s);
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_cur[2] = {-CUDART_INF_F, -CUDART_INF_F};  // the maximum O and l are scaled to (log2 units)
+  float l_run[2] = {0.f, 0.f};                      // over this warpgroup's blocks only; summed at the end
+  cp_async_wait_all();
+  fence_proxy_async();
+  math_sync();  // Q landed (every math thread's pieces)
+
+  // O and l to maximum m_to (per row; most calls change nothing)
+  auto rescale = [&](const float* m_to) {
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      corr[h] = m_to[h] == m_cur[h] ? 1.f : fast_exp2(m_cur[h] - m_to[h]);  // -inf -> finite: 0
+      m_cur[h] = m_to[h];
+      l_run[h] *= corr[h];
+    }
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        o[4 * i + 0] *= corr[0]; o[4 * i + 1] *= corr[0];
+        o[4 * i + 2] *= corr[1]; o[4 * i + 3] *= corr[1];
+      }
+    }
+  };
+  // O[64 x 256] += P V of buffer `buf` (columns wg*256..)
+  auto pv = [&](int buf, uint32_t par) {
+    mbar_wait(full(buf, my_v), par);  // complete by now; orders the other warpgroup's view of it
+    fence_proxy_async();
+    fence_regs<128>(o);
     wg_arrive();
 #pragma unroll
-    for (int k = 0; k < 36; ++k) {
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_ss_tb(o, dp[buf] + static_cast<uint64_t>((ks * 32) >> 4),
+                             dv[buf] + static_cast<uint64_t>((ks * 2048) >> 4), 1);
+    wg_commit();
+    wg_wait0();
+    fence_regs<128>(o);
+    mbar_arrive(empty(buf, my_v));
+    mbar_arrive(empty(buf, G8));
+  };
+
+  for (int j = 0; j < npairs; ++j) {
+    const uint32_t par = j & 1;
+    const int tile = w.t_begin + 2 * j + wg;
+
+    // ---- S[64 x 64] = Q K^T of this warpgroup's block, piece group by piece group ----
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+    fence_regs<32>(s);
+    // the k-steps of piece groups G03 (chunks 0-3), G47 (4-7) and G8 (8), each as its
+    // pieces land (three explicit loops: written as one loop over the groups, nvcc
+    // keeps it rolled, 12 HGMMA instead of 36)
+    mbar_wait(full(wg, G03), par);
+    fence_proxy_async();
+    wg_arrive();
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
       const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
-      wgmma_m64n32k16_ss(s, dq0 + off, dk0 + st + off, k > 0);
+      wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, k > 0);
+    }
+    mbar_wait(full(wg, G47), par);
+    fence_proxy_async();
+#pragma unroll
+    for (int k = 16; k < 32; ++k) {
+      const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
+      wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, 1);
+    }
+    mbar_wait(full(wg, G8), par);
+    fence_proxy_async();
+#pragma unroll
+    for (int k = 32; k < 36; ++k) {
+      const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
+      wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, 1);
     }
     wg_commit();
-    if (tile + 1 < w.t_end) {  // the other stage: its last reader (PV of tile - 1) is done
-      issue_tile(stage ^ 1, key_resolve(p, slot_next, (tile + 1) * BN + lrow, w.L, w.N, w.qo_start));
-      cp_async_commit();
-      slot_next = key_slot(p, (tile + 2) * BN + lrow, w.L, w.kv_lo);  // used next iteration
-    }
     wg_wait0();
-    fence_regs<16>(s);
+    fence_regs<32>(s);
 
-    // ---- mask (only the tile that reaches the drafts or the end), row max across both warpgroups ----
-    if (tile * BN + BN > w.L) {
+    // ---- mask (the block that reaches the drafts or the end, or lies past this split) ----
+    const bool in_split = tile < w.t_end;
+    if (!in_split || tile * BN + BN > w.L) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int pos = tile * BN + wg * 32 + j * 8 + tq * 2 + (e & 1);
-          if (key_hidden(p, w, pos, (e >> 1) ? tok1 : tok0)) s[4 * j + e] = -CUDART_INF_F;
+          const int pos = tile * BN + jj * 8 + tq * 2 + (e & 1);
+          if (!in_split || key_hidden(p, w, pos, (e >> 1) ? tok1 : tok0)) s[4 * jj + e] = -CUDART_INF_F;
         }
     }
     float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[4 * j + 0], s[4 * j + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    for (int jj = 0; jj < 8; ++jj) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * jj + 0], s[4 * jj + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -179,92 +306,78 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       mx[h] *= scale;
     }
-    // P against the running maximum; a row whose tile maximum jumps past it by more than
-    // 2^RESCALE_LOG2 flags the tile, and then both warpgroups agree on new maxima (their
-    // tile maxima through `red`) and redo P. Most tiles of a long prefix skip that barrier.
-    if (tq == 0) {
-      red[wg * 64 + row0] = mx[0];
-      red[wg * 64 + row0 + 8] = mx[1];
-    }
-    if (mx[0] > m_run[0] + RESCALE_LOG2 || mx[1] > m_run[1] + RESCALE_LOG2) jumped[tile & 1] = 1;
-    if (threadIdx.x == 0) jumped[(tile + 1) & 1] = 0;  // last read before this tile's top barrier
-    unsigned char* pt = smem + P_OFF;
-    float rs[2];
-    auto write_p = [&](const float* msub) {
-      rs[0] = rs[1] = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float p0 = fast_exp2(fmaf(s[4 * j + 0], scale, -msub[0])), p1 = fast_exp2(fmaf(s[4 * j + 1], scale, -msub[0]));
-        const float p2 = fast_exp2(fmaf(s[4 * j + 2], scale, -msub[1])), p3 = fast_exp2(fmaf(s[4 * j + 3], scale, -msub[1]));
-        rs[0] += p0 + p1;
-        rs[1] += p2 + p3;
-        const int unit = wg * 4 + j;  // 8-key piece of the 64-key row
-        *reinterpret_cast<uint32_t*>(pt + row0 * 128 + ((unit ^ (row0 & 7)) << 4) + tq * 4) = pack_bf16(p0, p1);
-        *reinterpret_cast<uint32_t*>(pt + (row0 + 8) * 128 + ((unit ^ ((row0 + 8) & 7)) << 4) + tq * 4) =
-            pack_bf16(p2, p3);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
-        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
-      }
-    };
-    {
-      const float msub[2] = {m_run[0] == -CUDART_INF_F ? 0.f : m_run[0], m_run[1] == -CUDART_INF_F ? 0.f : m_run[1]};
-      write_p(msub);
-    }
-    fence_proxy_async();  // P written by ordinary stores -> read by wgmma
-    __syncthreads();
-    if (jumped[tile & 1]) {  // CTA-uniform: read after the barrier, cleared a tile later
-      float corr[2], msub[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float other = red[(wg ^ 1) * 64 + row0 + 8 * h];
-        const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
-        msub[h] = m_new == -CUDART_INF_F ? 0.f : m_new;
-        corr[h] = fast_exp2(m_run[h] - msub[h]);
-        m_run[h] = m_new;
-      }
-      write_p(msub);  // each thread rewrites only its own P entries
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * corr[h] + rs[h];
-      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          o[4 * i + 0] *= corr[0]; o[4 * i + 1] *= corr[0];
-          o[4 * i + 2] *= corr[1]; o[4 * i + 3] *= corr[1];
-        }
-      }
-      fence_proxy_async();
-      __syncthreads();
+
+    // ---- the maximum after the previous block: warpgroup 0 holds it (its O is scaled to
+    // the one after block 2j - 1), warpgroup 1 waits for warpgroup 0's block 2j ----
+    float m_prev[2];
+    if (wg == 1) {
+      asm volatile("bar.sync 2, 256;\n" ::: "memory");  // P0 and the maxima after block 2j published
+      m_prev[0] = mpub[row0];
+      m_prev[1] = mpub[row0 + 8];
     } else {
+      m_prev[0] = m_cur[0];
+      m_prev[1] = m_cur[1];
+    }
+    // lazy update: move a row's maximum only when this block passes it by > 2^RESCALE_LOG2
+    float m_new[2], msub[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_new[h] = mx[h] > m_prev[h] + RESCALE_LOG2 ? mx[h] : m_prev[h];
+      msub[h] = m_new[h] == -CUDART_INF_F ? 0.f : m_new[h];
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const float p0 = fast_exp2(fmaf(s[4 * jj + 0], scale, -msub[0])), p1 = fast_exp2(fmaf(s[4 * jj + 1], scale, -msub[0]));
+      const float p2 = fast_exp2(fmaf(s[4 * jj + 2], scale, -msub[1])), p3 = fast_exp2(fmaf(s[4 * jj + 3], scale, -msub[1]));
+      rs[0] += p0 + p1;
+      rs[1] += p2 + p3;
+      *reinterpret_cast<uint32_t*>(pt + row0 * 128 + ((jj ^ (row0 & 7)) << 4) + tq * 4) = pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(pt + (row0 + 8) * 128 + ((jj ^ ((row0 + 8) & 7)) << 4) + tq * 4) = pack_bf16(p2, p3);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
+      rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
+    }
+    if (tq == 0) {
+      mpub[wg * 64 + row0] = m_new[0];
+      mpub[wg * 64 + row0 + 8] = m_new[1];
+    }
+    fence_proxy_async();  // P written by ordinary stores -> read by wgmma (both warpgroups)
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + wg) : "memory");  // block 2j + wg's P and maxima
+
+    if (wg == 0) {
+      // PV_L(2j) with the maxima after block 2j, then PV_L(2j + 1) with those after 2j + 1
+      rescale(m_new);
       l_run[0] += rs[0];
       l_run[1] += rs[1];
+      pv(0, par);
+      asm volatile("bar.sync 3, 256;\n" ::: "memory");  // P1 and the maxima after block 2j + 1
+      const float m1[2] = {mpub[64 + row0], mpub[64 + row0 + 8]};
+      rescale(m1);
+      pv(1, par);
+    } else {
+      // PV_R(2j) with the maxima after block 2j (m_prev), then PV_R(2j + 1) with its own
+      rescale(m_prev);
+      pv(0, par);
+      rescale(m_new);
+      l_run[0] += rs[0];
+      l_run[1] += rs[1];
+      pv(1, par);
     }
-
-    // ---- O[64 x 256] += P[64 x 64] V[64 x 256] (columns wg*256..) ----
-    fence_regs<128>(o);
-    wg_arrive();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wgmma_m64n256k16_ss_tb(o, dp0 + static_cast<uint64_t>((ks * 32) >> 4),
-                             dv0 + st + static_cast<uint64_t>((ks * 2048) >> 4), 1);
-    wg_commit();
-    wg_wait0();
-    fence_regs<128>(o);
   }
 
-  // ---- row sums of both warpgroups, then the shared epilogue ----
-  __syncthreads();
-  float* red_sum = red + 128;
+  // ---- both warpgroups end scaled to the maxima after the last block; sum the row sums ----
+  float* red_sum = mpub + 128;
   if (tq == 0) {
     red_sum[wg * 64 + row0] = l_run[0];
     red_sum[wg * 64 + row0 + 8] = l_run[1];
   }
-  __syncthreads();
+  math_sync();
   l_run[0] += red_sum[(wg ^ 1) * 64 + row0];
   l_run[1] += red_sum[(wg ^ 1) * 64 + row0 + 8];
-  store_rows(p, o, m_run, l_run, myrow0, w.rows, w.qo_start, split, wg, tq);
+  store_rows(p, o, m_cur, l_run, myrow0, w.rows, w.qo_start, split, wg, tq);
 #endif
 }
 

@@ -111,7 +111,7 @@ class Library:
         return (self._lib.kdtree_last_error() or b"").decode()
 
     def kernel_name(self, device: int) -> str:
-        """The kernel variant that runs on ``device`` (e.g. wgmma-sm90a-64x64)."""
+        """The kernel variant that runs on ``device`` (e.g. wgmma-sm90a-seesaw-64x64)."""
         return (self._lib.kdtree_kernel_name(device) or b"unknown").decode()
 
     def block_rows(self, device: int) -> int:
