@@ -6,7 +6,10 @@ One ``-gencode`` per target arch, a static CUDA runtime (so the library loads
 through ctypes in any Python), ``-Xptxas -v`` for per-kernel registers and
 spills, and a stamp (sources + flags + nvcc version) so that an unchanged tree
 is not rebuilt. The gate fails on a missing nvcc, a compile error (the
-compiler's own message is printed) or any spill (no kernel here declares one).
+compiler's own message is printed), any spill (no kernel here declares one) or
+a wgmma pipeline that ptxas serialized (its C7514 note: a non-wgmma instruction
+touches an accumulator while the MMA is in flight; the kernel then runs, correct
+and much slower, which only a benchmark would otherwise show).
 When ``cuobjdump`` is available (``pip install nvidia-cuda-cuobjdump
 nvidia-cuda-nvdisasm``, the ``build`` extra) the evidence also counts the
 tensor-core and async-copy instructions in each arch's SASS.
@@ -124,6 +127,7 @@ def _stamp(root: Path, flags: list[str], nvcc_v: str) -> str:
 _FUNC_RE = re.compile(r"Compiling entry function '(\w+)' for '(sm_\w+)'")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REG_RE = re.compile(r"Used (\d+) registers")
+_SERIAL_RE = re.compile(r"\(C7514\).*function '(\w+)'")
 
 
 def _short(name: str) -> str:
@@ -136,13 +140,22 @@ def _short(name: str) -> str:
 
 
 def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
-    """ptxas -v output -> {arch: {kernel: {registers, stack, spill_stores, spill_loads}}}."""
+    """ptxas -v output -> {arch: {kernel: {registers, stack, spill_stores, spill_loads[, wgmma_serialized]}}}."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     cur: dict[str, int] | None = None
+    serial: list[str] = []  # C7514 notes come before the module's "Compiling entry function" lines
     for line in log.splitlines():
         m = _FUNC_RE.search(line)
         if m:
-            cur = out.setdefault(m.group(2), {}).setdefault(_short(m.group(1)), {})
+            ks = out.setdefault(m.group(2), {})
+            for name in serial:
+                ks.setdefault(name, {})["wgmma_serialized"] = 1
+            serial = []
+            cur = ks.setdefault(_short(m.group(1)), {})
+            continue
+        m = _SERIAL_RE.search(line)
+        if m:
+            serial.append(_short(m.group(1)))
             continue
         if cur is None:
             continue
@@ -232,6 +245,11 @@ def spills(result: BuildResult) -> list[str]:
     return bad
 
 
+def serialized(result: BuildResult) -> list[str]:
+    """Kernels whose wgmma pipeline ptxas serialized (note C7514)."""
+    return [f"{k} on {arch}" for arch, ks in result.kernels.items() for k, v in ks.items() if v.get("wgmma_serialized")]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kdtree build", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", action="append", help="target arch (repeatable or comma list); default sm_90a,sm_120")
@@ -247,12 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         evidence.write_record(rec, args.evidence_dir)
         return 1
     bad = spills(res)
+    serial = serialized(res)
     missing = [a for a in res.archs if a not in res.kernels and res.rebuilt]
     mma = {a: (c.get("HMMA", 0) + c.get("HGMMA", 0)) for a, c in res.sass.items()}
-    passed = not bad and not missing
+    passed = not bad and not serial and not missing
     reason = None
     if bad:
         reason = "register spills: " + "; ".join(bad)
+    elif serial:
+        reason = "wgmma serialized by ptxas (C7514: an accumulator touched while its MMA is in flight): " + "; ".join(serial)
     elif missing:
         reason = f"ptxas reported no kernels for {missing}"
     regs = {a: {k: v.get("registers") for k, v in ks.items()} for a, ks in res.kernels.items()}
