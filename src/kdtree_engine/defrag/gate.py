@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kdtree_engine.bench.timing import timed_ms
 from kdtree_engine.defrag.compact import Strategy, apply_plan, count_runs, plan_defrag
 
 GATE = "defrag"
@@ -207,8 +208,6 @@ def bench_us(fn: Callable[[], Any], device: torch.device) -> tuple[float, str]:
         return float(do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3, "triton.testing.do_bench median"
     for _ in range(10):
         fn()
-    from kdtree_engine.bench.timing import timed_ms
-
     times = [timed_ms(fn) * 1e3 for _ in range(200)]
     return statistics.median(times), "CUDA-event median"
 

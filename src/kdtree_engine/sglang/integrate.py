@@ -260,7 +260,8 @@ def main(argv: list[str]) -> int:
     long_ctx = [n for n in cases if "64k" in n]
     headline = (
         f"{sum(c['ok'] for c in cases.values())}/{len(cases)} TARGET_VERIFY cases agree (max rel diff {worst:.2e}), "
-        f"pool identical; per-layer verify "
+        f"pool identical; eager per-layer call (host-bound: launches and metadata included; "
+        f"`bench --suite graph` times the kernel) "
         + ", ".join(f"{n}: {cases[n]['off_us']:.0f} -> {cases[n]['on_us']:.0f} us" for n in long_ctx[:2])
     )
     metrics = {
