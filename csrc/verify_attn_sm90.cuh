@@ -39,9 +39,8 @@ constexpr int THREADS = 384;                        // warpgroups 0, 1: math; 2:
 constexpr int CHUNK = 64 * 128;                     // one 64-row x 64-column swizzled chunk (bytes)
 constexpr int TILE = 9 * CHUNK;                     // 64 rows x 576 columns
 constexpr int Q_OFF = 0;                            // Q, then key buffer 0 at TILE, buffer 1 at 2 TILE
-constexpr int MPUB_OFF = 3 * TILE;                  // [2 pair parities][2 buffers][64] published maxima
-constexpr int SUM_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // [2 warpgroups][64] row sums
-constexpr int BAR_OFF = SUM_OFF + 2 * 64 * 4;       // full[2 buffers][3 groups], empty[2][3]
+constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published maxima, then [2][64] row sums
+constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3]
 constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base to 1024
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
 // A row's maximum moves only when a block's score exceeds it by more than
@@ -103,9 +102,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
-  // [pair parity][buffer][row]: the maximum after that buffer's block; two pair parities, so
-  // that a slot is rewritten only after both warpgroups passed two more barriers
-  float* const mpub_base = reinterpret_cast<float*>(smem + MPUB_OFF);
+  float* mpub = reinterpret_cast<float*>(smem + MPUB_OFF);  // [buffer][row]: maximum after that buffer's block
   const uint32_t bars = sbase + BAR_OFF;
   auto full = [&](int buf, int grp) { return bars + 8u * (3 * buf + grp); };
   auto empty = [&](int buf, int grp) { return bars + 48u + 8u * (3 * buf + grp); };
@@ -312,7 +309,6 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
 
     // ---- the maximum after the previous block: warpgroup 0 holds it (its O is scaled to
     // the one after block 2j - 1), warpgroup 1 waits for warpgroup 0's block 2j ----
-    float* const mpub = mpub_base + par * 128;
     float m_prev[2];
     if (wg == 1) {
       asm volatile("bar.sync 2, 256;\n" ::: "memory");  // P0 and the maxima after block 2j published
@@ -373,7 +369,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
   }
 
   // ---- both warpgroups end scaled to the maxima after the last block; sum the row sums ----
-  float* const red_sum = reinterpret_cast<float*>(smem + SUM_OFF);
+  float* red_sum = mpub + 128;
   if (tq == 0) {
     red_sum[wg * 64 + row0] = l_run[0];
     red_sum[wg * 64 + row0 + 8] = l_run[1];
