@@ -23,6 +23,7 @@ PHASE_HELP = {
     "no_commit": "write the plan files but do not commit them",
     "override": "record even though earlier phases are not done (the plan says so)",
     "no_venv": "run the gates with `nox --no-venv` (a host that cannot make venvs)",
+    "partial": "with --evidence: record the gates whose evidence is there; the phase stays in progress",
 }
 
 
@@ -40,13 +41,17 @@ def _runner(c: Context) -> _run.GateRunner:
     return run
 
 
-def _phase(c: Context, n: int, evidence: str, no_commit: bool, override: bool, no_venv: bool) -> None:
+def _phase(c: Context, n: int, evidence: str, no_commit: bool, override: bool, no_venv: bool,
+           partial: bool = False) -> None:
+    if partial and not evidence:
+        raise Exit(f"invoke phase{n}: --partial records evidence made elsewhere; give it --evidence DIR", code=2)
     settings = _settings(c)
     commit = not no_commit and bool(settings.get("commit", True))
     no_venv = no_venv or bool(settings.get("nox_no_venv", False)) or _run.no_venv_default()
     try:
         if evidence:
-            result = _run.record_phase(n, Path(evidence), commit=commit, override=override, root=ROOT)
+            result = _run.record_phase(n, Path(evidence), commit=commit, override=override, partial=partial,
+                                       root=ROOT)
         else:
             ev_dir = settings.get("evidence_dir")
             result = _run.run_phase(
@@ -77,44 +82,44 @@ def _report(result: _run.PhaseResult, commit: bool) -> None:
 
 @task(help=PHASE_HELP, auto_shortflags=False)
 def phase0(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
-           no_venv: bool = False) -> None:
+           no_venv: bool = False, partial: bool = False) -> None:
     """Phase 0, build + oracle baseline: gates build, oracle-selftest (CPU)."""
-    _phase(c, 0, evidence, no_commit, override, no_venv)
+    _phase(c, 0, evidence, no_commit, override, no_venv, partial)
 
 
 @task(help=PHASE_HELP, auto_shortflags=False)
 def phase1(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
-           no_venv: bool = False) -> None:
+           no_venv: bool = False, partial: bool = False) -> None:
     """Phase 1, kernel in isolation: gates build, oracle, bench --suite micro (GPU)."""
-    _phase(c, 1, evidence, no_commit, override, no_venv)
+    _phase(c, 1, evidence, no_commit, override, no_venv, partial)
 
 
 @task(help=PHASE_HELP, auto_shortflags=False)
 def phase2(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
-           no_venv: bool = False) -> None:
+           no_venv: bool = False, partial: bool = False) -> None:
     """Phase 2, SGLang integration: gates oracle, integrate (GPU)."""
-    _phase(c, 2, evidence, no_commit, override, no_venv)
+    _phase(c, 2, evidence, no_commit, override, no_venv, partial)
 
 
 @task(help=PHASE_HELP, auto_shortflags=False)
 def phase3(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
-           no_venv: bool = False) -> None:
+           no_venv: bool = False, partial: bool = False) -> None:
     """Phase 3, long-context performance + smoke: gates bench --suite long-context, smoke (GPU)."""
-    _phase(c, 3, evidence, no_commit, override, no_venv)
+    _phase(c, 3, evidence, no_commit, override, no_venv, partial)
 
 
 @task(help=PHASE_HELP, auto_shortflags=False)
 def phase4(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
-           no_venv: bool = False) -> None:
+           no_venv: bool = False, partial: bool = False) -> None:
     """Phase 4, CUDA-graph safety: gate graph (GPU)."""
-    _phase(c, 4, evidence, no_commit, override, no_venv)
+    _phase(c, 4, evidence, no_commit, override, no_venv, partial)
 
 
 @task(help=PHASE_HELP, auto_shortflags=False)
 def phase5(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
-           no_venv: bool = False) -> None:
+           no_venv: bool = False, partial: bool = False) -> None:
     """Phase 5, KV defrag: gate defrag (GPU)."""
-    _phase(c, 5, evidence, no_commit, override, no_venv)
+    _phase(c, 5, evidence, no_commit, override, no_venv, partial)
 
 
 @task

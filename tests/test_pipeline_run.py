@@ -162,6 +162,56 @@ def test_predecessors_not_done_then_override(project_repo, tmp_path):
         plan.plan_paths(project_repo)[1].read_text())
 
 
+def _record_phases_0_to_2(root: Path, tmp_path: Path) -> None:
+    for n in range(3):
+        write_evidence(root, tmp_path / f"ev{n}", n)
+        record_phase(n, tmp_path / f"ev{n}", root=root)
+
+
+def test_partial_records_the_gates_with_evidence_and_keeps_the_phase_open(project_repo, tmp_path):
+    _record_phases_0_to_2(project_repo, tmp_path)
+    write_evidence(project_repo, tmp_path / "ev3", 3)
+    (tmp_path / "ev3" / "smoke.json").unlink()  # the host had no server to smoke-test
+    before = _snapshot(project_repo)
+    with pytest.raises(PipelineError, match="no evidence for gate smoke"):
+        record_phase(3, tmp_path / "ev3", root=project_repo)
+    assert _snapshot(project_repo) == before
+    result = record_phase(3, tmp_path / "ev3", root=project_repo, partial=True)
+    assert result.message.startswith(
+        "plans/0002: mark Phase 0-2 done, Phase 3 in progress; remaining = long-context performance + smoke")
+    assert "- bench-long-context: bench-long-context fine" in result.message
+    assert "- smoke: no evidence" in result.message
+    state = plan.load_state(plan.plan_paths(project_repo)[0])
+    assert state["phases"][3]["status"] == "in progress"
+    assert plan.done_phases(state) == [0, 1, 2]
+    md = plan.plan_paths(project_repo)[1].read_text()
+    assert "| 3 | long-context performance + smoke | in progress |" in md
+    assert "| smoke | `nox -s smoke` | - | no evidence yet |" in md
+    assert "bench-long-context fine" in md
+    # phase 4 still waits for phase 3
+    write_evidence(project_repo, tmp_path / "ev4", 4)
+    with pytest.raises(PipelineError, match=r"phase\(s\) 3 "):
+        record_phase(4, tmp_path / "ev4", root=project_repo)
+
+
+def test_partial_still_refuses_bad_or_absent_evidence(project_repo, tmp_path):
+    _record_phases_0_to_2(project_repo, tmp_path)
+    before = _snapshot(project_repo)
+    with pytest.raises(PipelineError, match="no evidence in .* for any of its gates"):
+        record_phase(3, tmp_path / "empty", root=project_repo, partial=True)
+    write_evidence(project_repo, tmp_path / "bad", 3, passed=False, reason="2 targets missed")
+    (tmp_path / "bad" / "smoke.json").unlink()
+    with pytest.raises(PipelineError, match=r"gate bench-long-context failed \(2 targets missed\)"):
+        record_phase(3, tmp_path / "bad", root=project_repo, partial=True)
+    assert _snapshot(project_repo) == before
+
+
+def test_partial_with_every_gate_records_done(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    result = record_phase(0, tmp_path / "ev", root=project_repo, partial=True)
+    assert result.message.startswith("plans/0002: mark Phase 0 done; remaining")
+
+
 def test_dirty_sources_are_refused(project_repo, tmp_path):
     write_evidence(project_repo, tmp_path / "ev", 0)
     (project_repo / "src" / "kdtree_engine" / "new.py").write_text("x = 1\n")

@@ -81,6 +81,19 @@ def test_invoke_evidence_with_wrong_hash(project_repo, tmp_path):
     assert _snapshot(project_repo) == before
 
 
+def test_invoke_partial_needs_evidence_and_records_what_is_there(project_repo, tmp_path):
+    before = _snapshot(project_repo)
+    out = invoke(project_repo, "phase0", "--partial")
+    assert out.returncode == 2 and "--partial records evidence made elsewhere" in out.stderr
+    assert _snapshot(project_repo) == before
+    rec = evidence.make_record("build", True, {}, "built", device=None, root=project_repo)
+    evidence.write_record(rec, tmp_path / "ev")
+    out = invoke(project_repo, "phase0", "--evidence", str(tmp_path / "ev"), "--partial")
+    assert out.returncode == 0, out.stderr
+    assert "Phase 0 in progress" in out.stdout
+    assert "| 0 | build + oracle baseline | in progress |" in plan.plan_paths(project_repo)[1].read_text()
+
+
 def test_invoke_unknown_phase(project_repo):
     out = invoke(project_repo, "phase9")
     assert out.returncode != 0 and "phase9" in out.stderr

@@ -160,14 +160,16 @@ def mark_done(
     *,
     override_missing: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Record phase ``number`` as done from its gates' evidence (stem -> record).
-    Date and GPU come from the evidence, never from the clock."""
+    """Record phase ``number`` from its gates' evidence (stem -> record): done when
+    every gate has a record, else "in progress" (not done: later phases still need
+    it; the gates without one show "no evidence yet"). Date and GPU come from the
+    evidence, never from the clock."""
     entry = state["phases"][number]
     for g in entry["gates"]:
-        g["evidence"] = summarize(records[g["name"]])
+        g["evidence"] = summarize(records[g["name"]]) if g["name"] in records else None
     times = sorted(r.get("time_utc") or "" for r in records.values())
-    gpus = sorted({s["evidence"]["device"] for s in entry["gates"] if s["needs_gpu"]})
-    entry["status"] = "done"
+    gpus = sorted({s["evidence"]["device"] for s in entry["gates"] if s["needs_gpu"] and s["evidence"]})
+    entry["status"] = "done" if all(g["evidence"] for g in entry["gates"]) else "in progress"
     entry["date"] = times[-1][:10] if times and times[-1] else None
     entry["gpu"] = ", ".join(gpus) if gpus else "none (CPU)"
     entry["code_commit"] = code_commit
@@ -205,6 +207,9 @@ def commit_subject(state: dict[str, Any]) -> str:
     """``plans/0002: mark Phase 0-3 done; remaining = cuda-graph safety + defrag``."""
     done = done_phases(state)
     head = f"mark Phase {_ranges(done)} done" if done else "no phase done yet"
+    started = [p["number"] for p in state["phases"] if p["status"] == "in progress"]
+    if started:
+        head += f", Phase {_ranges(started)} in progress"
     return f"plans/{PLAN_ID}: {head}; remaining = {remaining_text(state)}"
 
 
