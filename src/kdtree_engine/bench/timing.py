@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from kdtree_engine.graph.capture import capture_graph
 from kdtree_engine.oracle import compare
 
 Runner = Callable[[], torch.Tensor]
@@ -66,19 +67,9 @@ def timed_ms(fn: Callable[[], Any]) -> float:
 
 def replay_us(fn: Callable[[], Any], *, calls: int = 20, reps: int = 50) -> float:
     """Median microseconds per call of ``fn`` replayed from one CUDA graph of
-    ``calls`` back-to-back calls (warmed up on a side stream first): the GPU's
-    time without the Python launch path, which dominates a ~50 us kernel."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+    ``calls`` back-to-back calls: the GPU's time without the Python launch path,
+    which dominates a ~50 us kernel."""
+    g, _ = capture_graph(lambda: [fn() for _ in range(calls)])
     g.replay()
     torch.cuda.synchronize()
     return _median([timed_ms(g.replay) for _ in range(reps)]) * 1e3 / calls
@@ -112,15 +103,7 @@ def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
     if graph:
         g = None
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                loop()
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                outs = [fns[i % len(fns)]() for i in range(calls)]
+            g, outs = capture_graph(lambda: [fns[i % len(fns)]() for i in range(calls)])
             outs[0].fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()

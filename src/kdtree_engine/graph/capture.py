@@ -19,12 +19,32 @@ one token on slot 0, the padding slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from kdtree_engine.kernel.op import VerifyArgumentError, verify_attention
 from kdtree_engine.oracle.workloads import Batch
+
+T = TypeVar("T")
+
+
+def capture_graph(body: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Run ``body`` once on a side stream (allocator and library warm-up outside the
+    capture, as torch requires), then capture it in a CUDA graph; returns the graph
+    and what the captured ``body`` returned (its outputs, rewritten by each replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = body()
+    return g, out
 
 
 @dataclass(frozen=True)
@@ -97,15 +117,7 @@ class VerifyGraph:
     def capture(self) -> None:
         self._call()  # warm up: loads the library, sizes the workspace
         torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            self._call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self._call()
-        self.graph = g
+        self.graph, _ = capture_graph(self._call)
         self._addresses = {k: getattr(self, k).data_ptr() for k in
                            ("q", "k_ext", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr",
                             "out", "lse", "kv_buffer")}
