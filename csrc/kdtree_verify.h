@@ -82,12 +82,17 @@ const char* kdtree_build_info(void);
 const char* kdtree_kernel_name(int device);
 // Query rows one CTA handles on `device` (the split heuristic needs it); <0 on error.
 int kdtree_block_rows(int device);
-// Workspace the call needs; the first 256 bytes hold the device error word.
+// Workspace the call needs; the first 256 bytes hold the device error word and
+// the fast-path count (kdtree_read_fast_path_boxes).
 int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits);
 // Launch on `stream` (a cudaStream_t). Returns KDTREE_OK or an error code.
 int kdtree_verify_attn(const KdtreeVerifyArgs* args, void* stream);
 // Device error bits of the last call that used `workspace` (synchronises on `stream`).
 int kdtree_read_device_error(const void* workspace, void* stream, int32_t* bits);
+// Blocks of 32 key rows the last call that used `workspace` loaded through the
+// contiguous fast path (one TMA box per 64 columns instead of a per-row gather;
+// sm_90a only; KDTREE_TMA=0 turns it off). Synchronises on `stream`.
+int kdtree_read_fast_path_boxes(const void* workspace, void* stream, int32_t* boxes);
 
 #ifdef __cplusplus
 }

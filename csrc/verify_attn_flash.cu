@@ -20,6 +20,8 @@
 //   prefetched two tiles ahead into registers.
 // - The tree mask is read only for the last keys (the drafts): prefix tiles
 //   take no mask at all.
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -51,6 +53,7 @@ constexpr int SACC = KDTREE_SACC;         // independent S accumulator sets (see
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
+constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
 
 struct Params {
   const __nv_bfloat16* q;
@@ -695,8 +698,8 @@ int pick_rg(int device, int* rg_out) {
 
 // Launches `kernel` as a programmatic dependent of the kernel before it on `stream`
 // (it may start once that one's CTAs have all called launch_dependents).
-template <typename K>
-cudaError_t launch_pdl(K kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const kdtree::Params& p) {
+template <typename K, typename... Args>
+cudaError_t launch_pdl(K kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
@@ -707,7 +710,7 @@ cudaError_t launch_pdl(K kernel, dim3 grid, int threads, int smem, cudaStream_t 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 int launch_combine(const kdtree::Params& p, cudaStream_t stream);
@@ -757,6 +760,51 @@ int launch_combine(const kdtree::Params& p, cudaStream_t stream) {
   return KDTREE_OK;
 }
 
+// The pool as a TMA tensor map ([pool_size, 576] bf16, boxes of 32 rows x 64 columns,
+// 128B swizzle: one producer warp's rows of one chunk in the layout the sm90 kernel's
+// key buffers use). False when the fast path is off (KDTREE_TMA=0, read on every call
+// so that a test can compare both paths in one process), the driver has no encoder, or
+// the pool does not fit a TMA coordinate; the kernel then gathers every block. The
+// last map is kept per thread: a serving loop passes the same pool on every call.
+bool pool_tensor_map(const kdtree::Params& p, CUtensorMap* map) {
+  const char* off = getenv("KDTREE_TMA");
+  if (off && strcmp(off, "0") == 0) return false;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode || p.pool_size < kdtree::sm90::RUN_ROWS || p.pool_size > 0x7fffffff) return false;
+  struct Last {
+    const void* kv = nullptr;
+    int64_t pool_size = 0, kv_st = 0;
+    CUtensorMap map;
+  };
+  thread_local Last last;
+  if (last.kv == p.kv && last.pool_size == p.pool_size && last.kv_st == p.kv_st) {
+    *map = last.map;
+    return true;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kdtree::D), static_cast<cuuint64_t>(p.pool_size)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_st) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kdtree::sm90::RUN_ROWS)};
+  const cuuint32_t estr[2] = {1, 1};
+  if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.kv), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return false;
+  last.kv = p.kv;
+  last.pool_size = p.pool_size;
+  last.kv_st = p.kv_st;
+  last.map = *map;
+  return true;
+}
+
 int launch_sm90(const kdtree::Params& p, cudaStream_t stream) {
   namespace s9 = kdtree::sm90;
   static bool configured[64] = {false};
@@ -770,7 +818,10 @@ int launch_sm90(const kdtree::Params& p, cudaStream_t stream) {
   }
   const int row_tiles = (p.max_n * p.H + s9::BM - 1) / s9::BM;
   dim3 grid(row_tiles, p.num_splits, p.bs);
-  cudaError_t e = launch_pdl(s9::verify_attn_kernel_sm90, grid, s9::THREADS, s9::SMEM, stream, p);
+  CUtensorMap map;
+  memset(&map, 0, sizeof map);
+  const int use_tma = pool_tensor_map(p, &map) ? 1 : 0;
+  cudaError_t e = launch_pdl(s9::verify_attn_kernel_sm90, grid, s9::THREADS, s9::SMEM, stream, p, map, use_tma);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel (sm90) launch: %s", cudaGetErrorString(e));
   return launch_combine(p, stream);
 }
@@ -898,6 +949,16 @@ int kdtree_read_device_error(const void* workspace, void* stream_, int32_t* bits
   cudaError_t e = cudaMemcpyAsync(bits, workspace, sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "reading the device error word: %s", cudaGetErrorString(e));
+  return KDTREE_OK;
+}
+
+int kdtree_read_fast_path_boxes(const void* workspace, void* stream_, int32_t* boxes) {
+  if (!workspace || !boxes) return fail(KDTREE_EINVAL, "workspace and boxes must not be NULL");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  const unsigned char* word = static_cast<const unsigned char*>(workspace) + 4 * kdtree::WS_FAST_BOXES;
+  cudaError_t e = cudaMemcpyAsync(boxes, word, sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "reading the fast-path count: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }
 

@@ -26,6 +26,12 @@
 //   group as its readers finish (chunks 0-3 after warpgroup 0's PV, 4-7 after
 //   warpgroup 1's, 8 = P after both): one "full" and one "empty" mbarrier per
 //   buffer and piece group. docs/kernel-notes.md (session D) has the history.
+// - Contiguous fast path (issue 8): a producer warp whose 32 rows of a block are
+//   prefix keys in consecutive slots (checked per block with one vote, so it is
+//   taken only where the run is known contiguous) loads them with one TMA box
+//   (32 rows x 64 columns, 128B swizzle, the same layout) per chunk, issued by
+//   lane 0 against the same "full" mbarrier, instead of 32 row gathers. The
+//   count of such blocks goes to the workspace header (kdtree_read_fast_path_boxes).
 #pragma once
 
 #include "wgmma_ops.cuh"
@@ -43,6 +49,7 @@ constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published
 constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3]
 constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base to 1024
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
+constexpr int RUN_ROWS = 32;                        // rows per producer warp: a TMA box when contiguous
 // A row's maximum moves only when a block's score exceeds it by more than
 // 2^RESCALE_LOG2 (log2 units); below that, P is taken against the stale maximum
 // (values up to 2^8, exact after the final division by l).
@@ -80,6 +87,15 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// rows [row, row + RUN_ROWS) x columns [col, col + 64) of the pool, 128B-swizzled, to dst
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -97,7 +113,11 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-__global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Params p) {
+// `tmap`: the pool as a [pool_size, 576] bf16 tensor (RUN_ROWS x 64 boxes, 128B swizzle);
+// a producer warp whose 32 rows are one contiguous run of prefix slots copies them with
+// 9 TMA loads per block when `use_tma` (else, and for every other warp, the gather).
+__global__ void __launch_bounds__(THREADS, 1)
+    verify_attn_kernel_sm90(const Params p, const __grid_constant__ CUtensorMap tmap, int use_tma) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -152,11 +172,19 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
     const int pt = tid - 256, x = pt >> 6, row = pt & 63;
     const int lane = tid & 31, q = lane & 7, rsub = lane >> 3;
     const uint32_t blk = sbase + (1 + x) * TILE + (pt & 32) * 128 + rsub * 128;
+    const uint32_t wbase = sbase + (1 + x) * TILE + (pt & 32) * 128;  // this warp's 32 rows of chunk 0
     int64_t slot = key_slot(p, (w.t_begin + x) * BN + row, w.L, w.kv_lo);
+    int boxes = 0;  // blocks this warp loaded through the fast path (warp-uniform)
     for (int j = 0; j < npairs; ++j) {
       const int tile = w.t_begin + 2 * j + x;
-      const KeySrc k = key_resolve(p, slot, tile * BN + row, w.L, w.N, w.qo_start);
+      const int pos = tile * BN + row;
+      const int64_t cur = slot;
+      const KeySrc k = key_resolve(p, slot, pos, w.L, w.N, w.qo_start);
       slot = key_slot(p, (tile + 2) * BN + row, w.L, w.kv_lo);  // consumed next pair
+      // contiguous run: this warp's 32 rows are prefix keys in slots slot0 .. slot0 + 31
+      // (key_resolve checked each against the pool); issue-side only, no barrier
+      const int64_t slot0 = __shfl_sync(0xffffffffu, cur, 0);
+      const bool run = use_tma && __all_sync(0xffffffffu, k.valid && pos < w.L && cur == slot0 + lane);
       const long long own = reinterpret_cast<long long>(k.valid ? k.ptr : p.kv);
       const uint32_t vmask = __ballot_sync(0xffffffffu, k.valid);
       auto issue = [&](int c0, int c1) {
@@ -171,6 +199,23 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
         }
       };
       const uint32_t par = (j - 1) & 1;  // this buffer's previous block released
+      if (run) {  // warp-uniform: lane 0 loads each piece group with one box per chunk
+        ++boxes;
+#pragma unroll
+        for (int grp = 0; grp < 3; ++grp) {
+          const int c0 = 4 * grp, c1 = grp == G8 ? 9 : c0 + 4;
+          if (j > 0) mbar_wait(empty(x, grp), par);
+          if (lane == 0) {
+            mbar_arrive_expect_tx(full(x, grp), (c1 - c0) * RUN_ROWS * 128);
+#pragma unroll
+            for (int c = c0; c < c1; ++c) tma_load_2d(wbase + c * CHUNK, &tmap, c * 64, static_cast<int>(slot0), full(x, grp));
+          } else {
+            mbar_arrive(full(x, grp));
+          }
+        }
+        continue;
+      }
+      // the gather: the same code as without the fast path
       if (j > 0) mbar_wait(empty(x, G03), par);
       issue(0, 4);
       cp_async_mbar_arrive(full(x, G03));
@@ -182,6 +227,11 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel_sm90(const Para
       cp_async_mbar_arrive(full(x, G8));
     }
     cp_async_wait_all();
+    // the count the tests and gates read back (after the clear kernel, this call's PDL primary)
+    if (boxes && lane == 0) {
+      pdl_wait_primary();
+      atomicAdd(p.err + WS_FAST_BOXES, boxes);
+    }
     return;
   }
 

@@ -69,6 +69,7 @@ def test_gate_checks_run_on_cpu_with_a_stand_in_kernel(monkeypatch):
     assert details["penalty"]["runs"] == {"contiguous": 1, "fragmented": details["penalty"]["runs"]["fragmented"],
                                           "defragmented": 1}
     assert details["penalty"]["runs"]["fragmented"] > 100
+    assert details["penalty"]["fast_path_share"] == {"contiguous": None, "fragmented": None, "defragmented": None}
     assert metrics["defrag_bytes_moved"] == 512 * 2 * 576 * 2
     assert {t["strategy"] for t in details["trials"]} == {"runs", "compact"}
 
@@ -97,3 +98,6 @@ def test_gate_passes_on_gpu_small(tmp_path):
     assert rc == 0, rec["reason"]
     assert rec["metrics"]["verify_identical"] is True
     assert rec["details"]["penalty"]["runs"]["defragmented"] == 1
+    share = rec["details"]["penalty"]["fast_path_share"]
+    if share["defragmented"] is not None:  # sm_90a: the defragmented request loads through TMA boxes only
+        assert share["defragmented"] == 1.0 and share["fragmented"] < 0.01

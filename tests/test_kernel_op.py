@@ -173,3 +173,50 @@ def test_device_error_word_reports_a_bad_slot_and_is_cleared_each_call(monkeypat
     assert lib.read_device_error(ws.data_ptr(), stream) == 0
     ref, _ = reference.verify_attention_ref(*b.ref_args())
     assert compare.compare(out, ref).passed
+
+
+def _fast_path_boxes_expected(b, num_heads: int) -> int:
+    """Blocks of 32 key rows the sm_90a kernel should load through the contiguous fast
+    path: per request, every 32-aligned group of prefix positions whose slots are
+    consecutive, once per 64-row query tile of that request."""
+    kv_indptr, slots = b.kv_indptr.cpu().tolist(), b.kv_indices.cpu().long()
+    total = 0
+    for r, n in enumerate(b.n_drafts):
+        s = slots[kv_indptr[r] : kv_indptr[r + 1]]
+        groups = s[: (s.numel() // 32) * 32].reshape(-1, 32)
+        runs = int(((groups - groups[:, :1]) == torch.arange(32)).all(dim=1).sum())
+        total += runs * -(-n * num_heads // 64)
+    return total
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("layout", ["contiguous", "runs64", "runs16", "fragmented"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_contiguous_fast_path_taken_exactly_on_runs_and_equal_to_the_gather(monkeypatch, layout, num_splits):
+    """Issue 8's fast path: on sm_90a, a producer warp whose 32 key rows sit in
+    consecutive slots loads them with TMA boxes. The workspace count says which blocks
+    took it (every 32-aligned run, nothing else); the output is bit-equal to the
+    gather's (KDTREE_TMA=0, which the count shows took no fast path), and right."""
+    from kdtree_engine.kernel import library
+
+    lib = library.load()
+    if not lib.kernel_name(torch.cuda.current_device()).startswith("wgmma-sm90a"):
+        pytest.skip("the contiguous fast path is the sm_90a kernel's")
+    H = 16
+    b = workloads.make_batch([700, 64, 0, 2100], [16, 5, 3, 8], H, layout=layout, seed=9, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    ws = torch.zeros((lib.workspace_bytes(b.q.shape[0] * H, num_splits),), dtype=torch.uint8, device="cuda")
+    monkeypatch.delenv("KDTREE_TMA", raising=False)
+    fast = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws).clone()
+    boxes = lib.read_fast_path_boxes(ws.data_ptr(), stream)
+    want = _fast_path_boxes_expected(b, H)
+    assert boxes == want, (layout, boxes, want)
+    if layout in ("contiguous", "runs64"):
+        assert want > 0
+    monkeypatch.setenv("KDTREE_TMA", "0")
+    gather = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws).clone()
+    assert lib.read_fast_path_boxes(ws.data_ptr(), stream) == 0
+    assert torch.equal(fast, gather)
+    ref, _ = reference.verify_attention_ref(*b.ref_args())
+    assert compare.compare(fast, ref).passed

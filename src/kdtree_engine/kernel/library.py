@@ -98,6 +98,11 @@ class Library:
         lib.kdtree_verify_attn.restype = ctypes.c_int
         lib.kdtree_read_device_error.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
         lib.kdtree_read_device_error.restype = ctypes.c_int
+        # absent from libraries built before the contiguous fast path (A/B runs load those)
+        self._has_fast_path_count = hasattr(lib, "kdtree_read_fast_path_boxes")
+        if self._has_fast_path_count:
+            lib.kdtree_read_fast_path_boxes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
+            lib.kdtree_read_fast_path_boxes.restype = ctypes.c_int
         abi = lib.kdtree_abi_version()
         if abi != ABI_VERSION:
             raise KernelLibraryError(
@@ -134,6 +139,18 @@ class Library:
         if rc != OK:
             raise RuntimeError(f"kdtree: {self.last_error()}")
         return bits.value
+
+    def read_fast_path_boxes(self, workspace_ptr: int, stream: int) -> int:
+        """Blocks of 32 key rows that the last call on this workspace loaded through the
+        contiguous fast path (TMA boxes instead of the row gather; synchronises)."""
+        if not self._has_fast_path_count:
+            raise KernelLibraryError(f"kernel library {self.path} has no kdtree_read_fast_path_boxes; rebuild it")
+        boxes = ctypes.c_int32(0)
+        rc = self._lib.kdtree_read_fast_path_boxes(ctypes.c_void_p(workspace_ptr), ctypes.c_void_p(stream),
+                                                   ctypes.byref(boxes))
+        if rc != OK:
+            raise RuntimeError(f"kdtree: {self.last_error()}")
+        return boxes.value
 
 
 _lock = threading.Lock()
