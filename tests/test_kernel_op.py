@@ -175,16 +175,24 @@ def test_device_error_word_reports_a_bad_slot_and_is_cleared_each_call(monkeypat
     assert compare.compare(out, ref).passed
 
 
-def _fast_path_boxes_expected(b, num_heads: int) -> int:
+def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
     """Blocks of 32 key rows the sm_90a kernel should load through the contiguous fast
-    path: per request, every 32-aligned group of prefix positions whose slots are
-    consecutive, once per 64-row query tile of that request."""
+    path: in each split's key blocks (taken in pairs, so a split with an odd number of
+    blocks also loads the next one, which it masks out), every 32-row group of prefix
+    positions whose slots are consecutive, once per 64-row query tile of the request."""
     kv_indptr, slots = b.kv_indptr.cpu().tolist(), b.kv_indices.cpu().long()
     total = 0
     for r, n in enumerate(b.n_drafts):
         s = slots[kv_indptr[r] : kv_indptr[r + 1]]
-        groups = s[: (s.numel() // 32) * 32].reshape(-1, 32)
-        runs = int(((groups - groups[:, :1]) == torch.arange(32)).all(dim=1).sum())
+        L = s.numel()
+        ntiles = -(-(L + n) // 64)
+        per = -(-ntiles // num_splits)
+        loaded = []
+        for t0 in range(0, ntiles, per):
+            t1 = min(ntiles, t0 + per)
+            loaded += range(t0, t0 + 2 * ((t1 - t0 + 1) // 2))
+        groups = [g for t in loaded for g in (2 * t, 2 * t + 1) if 32 * g + 32 <= L]
+        runs = sum(bool((s[32 * g : 32 * g + 32] - s[32 * g] == torch.arange(32)).all()) for g in groups)
         total += runs * -(-n * num_heads // 64)
     return total
 
@@ -210,7 +218,7 @@ def test_contiguous_fast_path_taken_exactly_on_runs_and_equal_to_the_gather(monk
     monkeypatch.delenv("KDTREE_TMA", raising=False)
     fast = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws).clone()
     boxes = lib.read_fast_path_boxes(ws.data_ptr(), stream)
-    want = _fast_path_boxes_expected(b, H)
+    want = _fast_path_boxes_expected(b, H, num_splits)
     assert boxes == want, (layout, boxes, want)
     if layout in ("contiguous", "runs64"):
         assert want > 0
