@@ -4,6 +4,9 @@
 # /tmp/ev, bench reports to /tmp/bench; everything comes back as
 # $OUT/results.tgz (the device tool returns at most 8 files).
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
+# <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
+# $(git rev-parse HEAD) in the device command: the device copy's .git is not this
+# checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
 # steps: ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   ORACLE_GROUPS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
