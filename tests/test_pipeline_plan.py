@@ -119,6 +119,22 @@ def test_render_is_byte_identical_and_shows_figures():
     assert "| 1 | kernel in isolation | done | 2030-01-02 | NVIDIA H200 (sm 9.0) | abcdef123456 |" in first
 
 
+def test_phase_table_names_the_code_each_phase_was_proven_on():
+    """A phase recorded on older code keeps that code's content hash in the summary
+    table, so a reader sees which phases' proofs cover the current code."""
+    state = plan.new_state()
+    for n, digest in ((0, "aaaa" * 16), (1, "bbbb" * 16)):
+        recs = {g.stem: _record(g.gate, g.variant) for g in PHASES[n].gates}
+        for r in recs.values():
+            r["code"] = {"commit": "c0ffee" * 7, "content_hash": digest, "dirty": False}
+        plan.mark_done(state, n, recs, "c0ffee" * 7)
+    text = plan.render(state, TEMPLATES)
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["| 0"].endswith("| aaaaaaaaaaaa |")
+    assert rows["| 1"].endswith("| bbbbbbbbbbbb |")
+    assert rows["| 2"].endswith("| - |")
+
+
 def test_commit_subject_style():
     state = _done_state(0, 1, 2, 3)
     assert plan.commit_subject(state) == (
