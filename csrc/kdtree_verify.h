@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define KDTREE_ABI_VERSION 1
+#define KDTREE_ABI_VERSION 2
 
 #define KDTREE_HEAD_DIM 576
 #define KDTREE_V_DIM 512
@@ -39,22 +39,65 @@ extern "C" {
 #define KDTREE_ERR_QO_INDPTR 4   // qo_indptr not monotone, beyond total_tokens, or N > max_n
 #define KDTREE_ERR_MASK 8        // a mask row would read beyond mask_len
 
+// Which kernel runs (the kernel) and which shape of it (the tile) are two facts.
+#define KDTREE_KERNEL_SM90 1     // wgmma, FlashMLA's seesaw schedule (sm_90a only)
+#define KDTREE_KERNEL_MMA 2      // portable mma.sync + cp.async (sm_80 and newer, sm_120)
+#define KDTREE_TILE_SM90_64X64 1       // 64 rows, 64-key blocks, 3 warpgroups, ~218 KB
+#define KDTREE_TILE_MMA_64X32_QREG 2   // 64 rows, 32-key tiles, 8 warps, Q in registers, 89 KB
+
+// Targets: what the configuration is chosen for.
+#define KDTREE_TARGET_NATIVE 0   // the device itself
+#define KDTREE_TARGET_SM120 120  // sm_120's limits on a CC >= 9.0 device (ignored on a real sm_120)
+
+// Flags of kdtree_choose_config.
+#define KDTREE_CFG_HAS_SM90A 1   // the library holds sm_90a code
+#define KDTREE_CFG_FORCE_MMA 2   // take the portable kernel even where the sm90 one could run
+
+// What the choice of kernel and tile reads of a device (cudaDeviceProp's fields).
+typedef struct KdtreeDeviceProps {
+  int32_t cc_major, cc_minor;
+  int32_t sm_count;
+  int32_t max_threads_per_sm;
+  int64_t smem_per_block_optin;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  int64_t smem_per_sm;           // cudaDevAttrMaxSharedMemoryPerMultiprocessor
+} KdtreeDeviceProps;
+
+typedef struct KdtreeConfig {
+  int32_t kernel;        // KDTREE_KERNEL_*
+  int32_t tile;          // KDTREE_TILE_*
+  int32_t block_rows;    // query rows per CTA
+  int32_t threads;       // per CTA
+  int32_t smem_bytes;    // dynamic shared memory the tile uses
+  int32_t smem_request;  // what the launch asks for (> smem_bytes only to cap CTAs per SM when emulating)
+  int32_t ctas_per_sm;   // CTAs per SM on the target
+  int32_t emulated;      // 1: sm_120's limits applied on another device
+  int32_t target_cc;     // compute capability the choice was made for (major * 10 + minor)
+  char name[48];         // e.g. "mma.sync-64x32-qreg"
+  char note[200];        // why the choice failed ("" on success)
+} KdtreeConfig;
+
 typedef struct KdtreeVerifyArgs {
   int32_t abi_version;  // KDTREE_ABI_VERSION
 
   // Queries [T, H, 576] bf16; last dim contiguous; strides in elements.
   const void* q;
   int64_t q_stride_tok, q_stride_head;
-  // Draft latents [T, 576] bf16 (k_ext[t, 0, :]); V = first 512.
+  // Draft latents [T, 576] bf16 (k_ext[t, 0, :]); V = first 512. When draft_slots is
+  // not NULL the drafts are read from the pool at those slots instead (SGLang's
+  // out_cache_loc: it writes the drafts' latents there before attention) and k_ext
+  // may be NULL.
   const void* k_ext;
   int64_t k_ext_stride_tok;
+  const void* draft_slots;    // [T] int64 (draft_slots_is_64) or int32, or NULL
+  int32_t draft_slots_is_64;
   // KV pool [pool_size, 576] bf16 (kv_buffer[slot, 0, :]).
   const void* kv;
   int64_t kv_stride_slot;
   int64_t pool_size;
 
-  const int32_t* qo_indptr;   // [bs + 1]
-  const int32_t* kv_indptr;   // [bs + 1]
+  const void* qo_indptr;      // [bs + 1], int64 (qo_indptr_is_64) or int32
+  const void* kv_indptr;      // [bs + 1], int64 (kv_indptr_is_64) or int32
+  int32_t qo_indptr_is_64, kv_indptr_is_64;
   const void* kv_indices;     // int64 (kv_indices_is_64) or int32
   int32_t kv_indices_is_64;
   int64_t kv_indices_len;
@@ -71,6 +114,7 @@ typedef struct KdtreeVerifyArgs {
 
   int32_t bs, num_heads, max_n, total_tokens, num_splits;
   float sm_scale;             // softmax scale, must be > 0
+  int32_t target;             // KDTREE_TARGET_*
 } KdtreeVerifyArgs;
 
 int kdtree_abi_version(void);
@@ -78,20 +122,26 @@ int kdtree_abi_version(void);
 const char* kdtree_last_error(void);
 // Archs compiled into this library, e.g. "sm_90,sm_120".
 const char* kdtree_build_info(void);
-// The kernel variant that runs on `device` ("wgmma-sm90a-64x64", "mma.sync-64x32", ...).
-const char* kdtree_kernel_name(int device);
-// Query rows one CTA handles on `device` (the split heuristic needs it); <0 on error.
-int kdtree_block_rows(int device);
-// Workspace the call needs; the first 256 bytes hold the device error word and
-// the fast-path count (kdtree_read_fast_path_boxes).
+// The kernel and tile for a device: a pure function (no CUDA call) of its properties,
+// the target, `flags` (KDTREE_CFG_*) and `tile` (0: choose; else a KDTREE_TILE_* of the
+// portable kernel to force). KDTREE_OK, or KDTREE_EINVAL / KDTREE_ENOARCH with the
+// reason in out->note.
+int kdtree_choose_config(const KdtreeDeviceProps* props, int32_t target, int32_t flags, int32_t tile,
+                         KdtreeConfig* out);
+// The configuration a call with `target` gets on `device` (reads the device's
+// properties and KDTREE_KERNEL); KDTREE_OK or an error code.
+int kdtree_device_config(int device, int32_t target, KdtreeConfig* out);
+// Workspace the call needs; the first 256 bytes are its header (the device error
+// word and the fast-path count) and must be zero when the workspace is first used.
 int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits);
 // Launch on `stream` (a cudaStream_t). Returns KDTREE_OK or an error code.
 int kdtree_verify_attn(const KdtreeVerifyArgs* args, void* stream);
-// Device error bits of the last call that used `workspace` (synchronises on `stream`).
+// Device error bits set by the calls on `workspace` since the last read; clears them
+// (synchronises on `stream`).
 int kdtree_read_device_error(const void* workspace, void* stream, int32_t* bits);
-// Blocks of 32 key rows the last call that used `workspace` loaded through the
-// contiguous fast path (one TMA box per 64 columns instead of a per-row gather;
-// sm_90a only; KDTREE_TMA=0 turns it off). Synchronises on `stream`.
+// Blocks of 32 key rows that the calls on `workspace` since the last read loaded
+// through the contiguous fast path (one TMA box per 64 columns instead of a per-row
+// gather; sm_90a only; KDTREE_TMA=0 turns it off); clears the count (synchronises).
 int kdtree_read_fast_path_boxes(const void* workspace, void* stream, int32_t* boxes);
 
 #ifdef __cplusplus

@@ -7,9 +7,9 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: sm120-ab ncu-sm120 ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
-# env:   ORACLE_GROUPS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
+# env:   AB_SHAPES (sm120-ab: "bs,N,H,L ..."), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
 set -uo pipefail
 commit=$1; shift
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
@@ -26,7 +26,22 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     oracle-quick) $T python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
-    oracle) $T python3 -m kdtree_engine oracle ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ;;
+    oracle) $T python3 -m kdtree_engine oracle ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targets $ORACLE_TARGETS} ;;
+    sm120-ab) # the sm_120 configuration (emulation) of each library in AB_LIBS (default build/lib) next to the
+              # Hopper kernel of build/lib (tools/sm120_ab.py)
+              A="python3 tools/sm120_ab.py --json /tmp/bench/sm120-ab.jsonl ${AB_SHAPES:+--shapes $AB_SHAPES}"
+              $T $A --label hopper
+              for d in ${AB_LIBS:-build/lib}; do
+                KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T $A --target sm_120 --label sm120-$(basename $d)
+              done ;;
+    ncu-sm120) # tensor-pipe and shared-memory utilisation of the sm_120 kernel (emulation), bs1 N16 H8 64k
+         KDTREE_TARGET=sm_120 timeout 300 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+           --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+           --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed \
+           -k regex:verify_attn_kernel -c 1 -o /tmp/bench/ncu-sm120 python3 tools/ncu_case.py ${NCU_CASE:-1 16 8 65536} \
+           && ncu --import /tmp/bench/ncu-sm120.ncu-rep --page details > /tmp/bench/ncu-sm120.txt
+         grep -E "Duration|hmma|Tensor|Issue Slots|Shared|Warp Cycles Per Issued|Achieved Occupancy|Block Limit|Registers|Dynamic Shared|Stall|mem_shared" /tmp/bench/ncu-sm120.txt | head -40
+         rm -f /tmp/bench/ncu-sm120.ncu-rep ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;

@@ -112,7 +112,7 @@ def sources(root: Path) -> list[Path]:
     cu = sorted(csrc.glob("*.cu"))
     if not cu:
         raise BuildError(f"no .cu sources in {csrc}")
-    return cu
+    return cu + sorted(csrc.glob("*.cc"))  # host-only C++ (config.cc: the kernel/tile choice)
 
 
 def _stamp(root: Path, flags: list[str], nvcc_v: str) -> str:
@@ -132,8 +132,8 @@ _SERIAL_RE = re.compile(r"\(C7514\).*function '(\w+)'")
 
 def _short(name: str) -> str:
     """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_wide_kernel)."""
-    m = re.search(r"(verify_attn_kernel_sm90|verify_attn_kernel|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
-                  r"(ILi(\d+)EE)?", name)
+    m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
+                  r"(ILi(\d+)EE|E|N)", name)
     if not m:
         return name
     return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)

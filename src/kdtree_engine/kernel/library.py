@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libkdtree_verify.so"
 
 OK, EINVAL, ECUDA, ENOARCH = 0, 1, 2, 3
@@ -36,11 +36,15 @@ class KdtreeVerifyArgs(ctypes.Structure):
         ("q_stride_head", ctypes.c_int64),
         ("k_ext", ctypes.c_void_p),
         ("k_ext_stride_tok", ctypes.c_int64),
+        ("draft_slots", ctypes.c_void_p),
+        ("draft_slots_is_64", ctypes.c_int32),
         ("kv", ctypes.c_void_p),
         ("kv_stride_slot", ctypes.c_int64),
         ("pool_size", ctypes.c_int64),
         ("qo_indptr", ctypes.c_void_p),
         ("kv_indptr", ctypes.c_void_p),
+        ("qo_indptr_is_64", ctypes.c_int32),
+        ("kv_indptr_is_64", ctypes.c_int32),
         ("kv_indices", ctypes.c_void_p),
         ("kv_indices_is_64", ctypes.c_int32),
         ("kv_indices_len", ctypes.c_int64),
@@ -59,7 +63,60 @@ class KdtreeVerifyArgs(ctypes.Structure):
         ("total_tokens", ctypes.c_int32),
         ("num_splits", ctypes.c_int32),
         ("sm_scale", ctypes.c_float),
+        ("target", ctypes.c_int32),
     ]
+
+
+#: kernels, tiles and targets of csrc/kdtree_verify.h
+KERNEL_SM90, KERNEL_MMA = 1, 2
+TILE_SM90_64X64, TILE_MMA_64X32_QREG = 1, 2
+TARGET_NATIVE, TARGET_SM120 = 0, 120
+CFG_HAS_SM90A, CFG_FORCE_MMA = 1, 2
+
+
+class KdtreeDeviceProps(ctypes.Structure):
+    """What the choice of kernel and tile reads of a device."""
+
+    _fields_ = [
+        ("cc_major", ctypes.c_int32),
+        ("cc_minor", ctypes.c_int32),
+        ("sm_count", ctypes.c_int32),
+        ("max_threads_per_sm", ctypes.c_int32),
+        ("smem_per_block_optin", ctypes.c_int64),
+        ("smem_per_sm", ctypes.c_int64),
+    ]
+
+
+class KdtreeConfig(ctypes.Structure):
+    """The kernel and tile a device gets (kdtree_choose_config)."""
+
+    _fields_ = [
+        ("kernel", ctypes.c_int32),
+        ("tile", ctypes.c_int32),
+        ("block_rows", ctypes.c_int32),
+        ("threads", ctypes.c_int32),
+        ("smem_bytes", ctypes.c_int32),
+        ("smem_request", ctypes.c_int32),
+        ("ctas_per_sm", ctypes.c_int32),
+        ("emulated", ctypes.c_int32),
+        ("target_cc", ctypes.c_int32),
+        ("name", ctypes.c_char * 48),
+        ("note", ctypes.c_char * 200),
+    ]
+
+    def as_dict(self) -> dict:
+        d = {name: getattr(self, name) for name, _ in self._fields_}
+        d["name"], d["note"] = self.name.decode(), self.note.decode()
+        return d
+
+
+def bind_choose_config(lib: ctypes.CDLL):
+    """Type ``kdtree_choose_config`` of a loaded library (the full one, or config.cc alone)."""
+    fn = lib.kdtree_choose_config
+    fn.argtypes = [ctypes.POINTER(KdtreeDeviceProps), ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                   ctypes.POINTER(KdtreeConfig)]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def default_library_path() -> Path:
@@ -88,10 +145,9 @@ class Library:
         lib.kdtree_abi_version.restype = ctypes.c_int
         lib.kdtree_last_error.restype = ctypes.c_char_p
         lib.kdtree_build_info.restype = ctypes.c_char_p
-        lib.kdtree_kernel_name.argtypes = [ctypes.c_int]
-        lib.kdtree_kernel_name.restype = ctypes.c_char_p
-        lib.kdtree_block_rows.argtypes = [ctypes.c_int]
-        lib.kdtree_block_rows.restype = ctypes.c_int
+        self._choose = bind_choose_config(lib)
+        lib.kdtree_device_config.argtypes = [ctypes.c_int, ctypes.c_int32, ctypes.POINTER(KdtreeConfig)]
+        lib.kdtree_device_config.restype = ctypes.c_int
         lib.kdtree_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int32]
         lib.kdtree_workspace_bytes.restype = ctypes.c_int64
         lib.kdtree_verify_attn.argtypes = [ctypes.POINTER(KdtreeVerifyArgs), ctypes.c_void_p]
@@ -110,22 +166,42 @@ class Library:
             )
         self._lib = lib
         self.archs = lib.kdtree_build_info().decode()
-        self._block_rows: dict[int, int] = {}
+        self._configs: dict[tuple[int, int], KdtreeConfig] = {}
 
     def last_error(self) -> str:
         return (self._lib.kdtree_last_error() or b"").decode()
 
-    def kernel_name(self, device: int) -> str:
-        """The kernel variant that runs on ``device`` (e.g. wgmma-sm90a-seesaw-64x64)."""
-        return (self._lib.kdtree_kernel_name(device) or b"unknown").decode()
+    def device_config(self, device: int, target: int | None = None) -> KdtreeConfig:
+        """The kernel and tile a call with ``target`` gets on ``device`` (cached: device
+        properties and the KDTREE_KERNEL switch are read once). ``target``
+        None: the op's default, KDTREE_TARGET."""
+        if target is None:
+            from kdtree_engine.kernel.op import resolve_target
 
-    def block_rows(self, device: int) -> int:
-        if device not in self._block_rows:
-            v = self._lib.kdtree_block_rows(device)
-            if v <= 0:
-                raise KernelLibraryError(f"kdtree_block_rows({device}) failed: {self.last_error()}")
-            self._block_rows[device] = v
-        return self._block_rows[device]
+            target = resolve_target(None)
+        key = (device, target)
+        if key not in self._configs:
+            cfg = KdtreeConfig()
+            rc = self._lib.kdtree_device_config(device, target, ctypes.byref(cfg))
+            if rc != OK:
+                raise KernelLibraryError(f"kdtree: no configuration for device {device}, target {target}: "
+                                         f"{self.last_error()}")
+            self._configs[key] = cfg
+        return self._configs[key]
+
+    def choose_config(self, props: KdtreeDeviceProps, target: int = TARGET_NATIVE, flags: int = 0,
+                      tile: int = 0) -> tuple[int, KdtreeConfig]:
+        """The pure configuration choice for ``props`` (no CUDA call): (return code, config)."""
+        cfg = KdtreeConfig()
+        rc = self._choose(ctypes.byref(props), target, flags, tile, ctypes.byref(cfg))
+        return int(rc), cfg
+
+    def kernel_name(self, device: int, target: int | None = None) -> str:
+        """The kernel and tile that run on ``device`` (e.g. wgmma-sm90a-seesaw-64x64)."""
+        return self.device_config(device, target).name.decode()
+
+    def block_rows(self, device: int, target: int | None = None) -> int:
+        return int(self.device_config(device, target).block_rows)
 
     def workspace_bytes(self, total_rows: int, num_splits: int) -> int:
         return int(self._lib.kdtree_workspace_bytes(total_rows, num_splits))
@@ -134,6 +210,7 @@ class Library:
         return int(self._lib.kdtree_verify_attn(ctypes.byref(args), ctypes.c_void_p(stream)))
 
     def read_device_error(self, workspace_ptr: int, stream: int) -> int:
+        """Error bits the calls on this workspace set since the last read (clears them; synchronises)."""
         bits = ctypes.c_int32(0)
         rc = self._lib.kdtree_read_device_error(ctypes.c_void_p(workspace_ptr), ctypes.c_void_p(stream), ctypes.byref(bits))
         if rc != OK:
@@ -141,8 +218,9 @@ class Library:
         return bits.value
 
     def read_fast_path_boxes(self, workspace_ptr: int, stream: int) -> int:
-        """Blocks of 32 key rows that the last call on this workspace loaded through the
-        contiguous fast path (TMA boxes instead of the row gather; synchronises)."""
+        """Blocks of 32 key rows that the calls on this workspace since the last read loaded
+        through the contiguous fast path (TMA boxes instead of the row gather; clears the
+        count; synchronises)."""
         if not self._has_fast_path_count:
             raise KernelLibraryError(f"kernel library {self.path} has no kdtree_read_fast_path_boxes; rebuild it")
         boxes = ctypes.c_int32(0)

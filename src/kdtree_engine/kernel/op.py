@@ -32,6 +32,8 @@ MAX_DRAFTS = 128
 
 #: ``torch.library`` name of the op (one op under ``torch.compile`` and graph capture).
 OP_NAME = "kdtree::verify_attention"
+#: bytes of workspace header (csrc/common.cuh WS_HEADER): zero when a workspace is first used
+WS_HEADER = 256
 
 
 class VerifyArgumentError(ValueError):
@@ -44,6 +46,27 @@ def _err(arg: str, expected: str, got: object) -> VerifyArgumentError:
 
 def debug_enabled() -> bool:
     return os.environ.get("KDTREE_DEBUG", "").lower() in ("1", "on", "true", "yes")
+
+
+#: ``target`` / ``KDTREE_TARGET`` values -> the C ABI's KDTREE_TARGET_*
+TARGETS = {"native": 0, "sm_120": 120}
+
+
+def resolve_target(target: str | None) -> int:
+    """``target`` (or, when None, ``KDTREE_TARGET``; unset or empty = native) -> the ABI code.
+
+    ``sm_120`` runs exactly what an sm_120 GPU (RTX PRO 6000 Blackwell) runs, under its
+    limits, on a GPU of compute capability >= 9.0; a real sm_120 ignores it."""
+    if target is None:
+        raw = os.environ.get("KDTREE_TARGET", "").strip()
+        if raw in ("", "native"):
+            return 0
+        if raw not in TARGETS:
+            raise VerifyArgumentError(f"KDTREE_TARGET: expected one of {', '.join(TARGETS)} (or unset), got {raw!r}")
+        return TARGETS[raw]
+    if target not in TARGETS:
+        raise _err("target", f"one of {', '.join(TARGETS)} or None (KDTREE_TARGET)", repr(target))
+    return TARGETS[target]
 
 
 @dataclass(frozen=True)
@@ -151,12 +174,12 @@ def check_arguments(
         raise _err("kv_buffer", "at least one slot (slot 0 is the padding slot)", pool)
     _check_rows("kv_buffer", kv_buffer, (kv_st,))
 
-    _check_dtype("qo_indptr", qo_indptr, (torch.int32,))
+    _check_dtype("qo_indptr", qo_indptr, (torch.int32, torch.int64))
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
         raise _err("qo_indptr", "a 1-D tensor of batch size + 1 >= 1 elements", list(qo_indptr.shape))
     bs = qo_indptr.numel() - 1
-    _check_index("qo_indptr", qo_indptr, (torch.int32,), bs + 1)
-    _check_index("kv_indptr", kv_indptr, (torch.int32,), bs + 1)
+    _check_index("qo_indptr", qo_indptr, (torch.int32, torch.int64), bs + 1)
+    _check_index("kv_indptr", kv_indptr, (torch.int32, torch.int64), bs + 1)
     _check_index("kv_indices", kv_indices, (torch.int64, torch.int32), None)
     _check_index("custom_mask", custom_mask, (torch.bool, torch.uint8), None)
     _check_index("mask_indptr", mask_indptr, (torch.int64,), bs + 1)
@@ -262,6 +285,7 @@ class _Workspaces:
             if ws is None or ws.numel() < nbytes:
                 size = max(nbytes, 2 * (0 if ws is None else ws.numel()), 1 << 20)
                 ws = torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", idx))
+                ws[:WS_HEADER].zero_()  # the header (error word, counters) starts at zero
                 self._cur[idx] = ws
                 self._keep.append(ws)
             return ws
@@ -294,7 +318,7 @@ def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_i
 
 
 def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, sm_scale: float, max_n: int, num_splits: int) -> None:
+            out, lse, workspace, sm_scale: float, max_n: int, num_splits: int, target: int = 0) -> None:
     from kdtree_engine.kernel import library
 
     lib = library.load()
@@ -307,6 +331,8 @@ def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, 
     a.k_ext, a.k_ext_stride_tok = k_ext.data_ptr(), k_st
     a.kv, a.kv_stride_slot, a.pool_size = kv_buffer.data_ptr(), kv_st, pool
     a.qo_indptr, a.kv_indptr = qo_indptr.data_ptr(), kv_indptr.data_ptr()
+    a.qo_indptr_is_64 = int(qo_indptr.dtype == torch.int64)
+    a.kv_indptr_is_64 = int(kv_indptr.dtype == torch.int64)
     a.kv_indices, a.kv_indices_is_64 = kv_indices.data_ptr(), int(kv_indices.dtype == torch.int64)
     a.kv_indices_len = kv_indices.numel()
     a.mask, a.mask_indptr, a.mask_len = custom_mask.data_ptr(), mask_indptr.data_ptr(), custom_mask.numel()
@@ -314,7 +340,7 @@ def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, 
     a.lse = lse.data_ptr() if lse is not None else None
     a.workspace, a.workspace_bytes = workspace.data_ptr(), workspace.numel()
     a.bs, a.num_heads, a.max_n, a.total_tokens = qo_indptr.numel() - 1, H, max_n, T
-    a.num_splits, a.sm_scale = num_splits, float(sm_scale)
+    a.num_splits, a.sm_scale, a.target = num_splits, float(sm_scale), target
     stream = torch.cuda.current_stream(q.device).cuda_stream
     rc = lib.verify_attn(a, stream)
     if rc != library.OK:
@@ -341,14 +367,15 @@ def _verify_attention_op(
     sm_scale: float,
     max_n: int,
     num_splits: int,
+    target: int,
 ) -> None:
     _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, sm_scale, max_n, num_splits)
+            out, lse, workspace, sm_scale, max_n, num_splits, target)
 
 
 @_verify_attention_op.register_fake
 def _(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-      out, lse, workspace, sm_scale, max_n, num_splits) -> None:
+      out, lse, workspace, sm_scale, max_n, num_splits, target) -> None:
     return None
 
 
@@ -371,6 +398,7 @@ def verify_attention(
     max_prefix_len: int | None = None,
     prefix_lens_cpu: Sequence[int] | torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    target: str | None = None,
 ):
     """Tree-verify MLA attention (DESIGN section 4).
 
@@ -384,8 +412,11 @@ def verify_attention(
     ``return_lse``). ``num_splits`` overrides the split-KV heuristic;
     ``max_prefix_len`` and ``prefix_lens_cpu`` are host-side hints that tune
     it and enable more checks. ``workspace`` (uint8 CUDA tensor) replaces the
-    per-device cached one.
+    per-device cached one (its first 256 bytes must be zero when first used).
+    ``target``: ``"native"`` or ``"sm_120"`` (what an sm_120 GPU runs, under its
+    limits, on a GPU of compute capability >= 9.0); None reads ``KDTREE_TARGET``.
     """
+    tcode = resolve_target(target)
     if prefix_lens_cpu is not None and max_prefix_len is None:
         lens = prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else list(prefix_lens_cpu)
         max_prefix_len = max(lens, default=0)
@@ -401,7 +432,7 @@ def verify_attention(
     lib = library.load()
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if num_splits is None:
-        num_splits = choose_num_splits(shapes.bs, max_n, H, _sm_count(dev), lib.block_rows(dev), max_prefix_len)
+        num_splits = choose_num_splits(shapes.bs, max_n, H, _sm_count(dev), lib.block_rows(dev, tcode), max_prefix_len)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 65535:
         raise _err("num_splits", "an int in [1, 65535]", num_splits)
     need = lib.workspace_bytes(T * H, num_splits)
@@ -416,8 +447,8 @@ def verify_attention(
         _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, shapes.pool_size, max_n)
     if torch.compiler.is_compiling():  # one opaque op in the compiled graph
         torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-                                          mask_indptr, out, lse, workspace, float(sm_scale), max_n, num_splits)
+                                          mask_indptr, out, lse, workspace, float(sm_scale), max_n, num_splits, tcode)
     else:  # eager and CUDA-graph capture: skip the dispatcher's Python overhead
         _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-                out, lse, workspace, float(sm_scale), max_n, num_splits)
+                out, lse, workspace, float(sm_scale), max_n, num_splits, tcode)
     return (out, lse) if return_lse else out

@@ -10,8 +10,11 @@ covers prefix lengths {0, 1, 63, 64, 65, 4095, 23000, 65536, 131072}, N {1, 2,
 7, 16, 64, 128}, H {1, 8, 16, 64, 128}, bs {1, 3, 32}, ragged N (a request
 with none too), every tree shape, bool and uint8 masks, contiguous /
 fragmented / run layouts, int32 and int64 slot ids, several sm_scale values,
-forced split counts (combine path, empty splits) and strided q / out.
-Evidence: case count and the worst error per group.
+forced split counts (combine path, empty splits), strided q / out and int64
+indptrs. The matrix runs once per target (``--targets``): natively, and in the
+sm_120 emulation (``target="sm_120"``: the kernel and tile an RTX PRO 6000
+Blackwell runs, under its limits) on any GPU of compute capability >= 9.0 that is
+not itself an sm_120. Evidence: case count and the worst error per target and group.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Case:
     strided: bool = False
     max_n: int | None = None
     keys: str = "random"  # or "ramp" / "spike": see shape_keys
+    indptr_dtype: torch.dtype = torch.int32  # qo_indptr / kv_indptr (SGLang passes int64 qo_indptr)
 
 
 def cases() -> list[Case]:
@@ -92,6 +96,9 @@ def cases() -> list[Case]:
     ]
     cs += [
         Case("edge", "strided-q-out", [4095], [16], 8, strided=True),
+        Case("edge", "int64-indptrs", [4095], [16], 8, indptr_dtype=torch.int64),
+        Case("edge", "int64-indptrs-bs3-splits5", [63, 23000, 0], [16, 4, 7], 8, ["eagle", "chain", "star"],
+             num_splits=5, indptr_dtype=torch.int64),
         Case("edge", "max_n-above-N", [100, 7], [5, 3], 4, max_n=32),
         Case("edge", "one-row", [0], [1], 1),
     ]
@@ -117,13 +124,14 @@ def shape_keys(b: workloads.Batch, how: str) -> None:
         raise ValueError(f"keys: expected random, ramp or spike, got {how!r}")
 
 
-def run_case(c: Case, seed: int, device: torch.device) -> dict:
+def run_case(c: Case, seed: int, device: torch.device, target: str = "native") -> dict:
     from kdtree_engine.kernel.op import verify_attention
 
     b = workloads.make_batch(c.prefix_lens, c.n_drafts, c.heads, tree=c.tree, layout=c.layout,
                              mask_dtype=c.mask_dtype, sm_scale=c.sm_scale, seed=seed, device=device,
                              index_dtype=c.index_dtype, max_n=c.max_n)
     shape_keys(b, c.keys)
+    qo_indptr, kv_indptr = b.qo_indptr.to(c.indptr_dtype), b.kv_indptr.to(c.indptr_dtype)
     T, H = b.q.shape[0], b.q.shape[1]
     q = b.q
     if c.strided:  # q rows inside a wider buffer, out as a view of a wider buffer
@@ -135,9 +143,9 @@ def run_case(c: Case, seed: int, device: torch.device) -> dict:
     else:
         out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=device)
     lse = torch.full((T, H), float("nan"), dtype=torch.float32, device=device)
-    verify_attention(q, b.k_ext, b.kv_buffer, b.qo_indptr, b.kv_indptr, b.kv_indices, b.custom_mask,
+    verify_attention(q, b.k_ext, b.kv_buffer, qo_indptr, kv_indptr, b.kv_indices, b.custom_mask,
                      b.mask_indptr, b.sm_scale, b.max_n, out=out, lse=lse, num_splits=c.num_splits,
-                     prefix_lens_cpu=b.prefix_lens)
+                     prefix_lens_cpu=b.prefix_lens, target=target)
     torch.cuda.synchronize()
     ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
     d = compare.compare(out, ref, lse, ref_lse)
@@ -146,7 +154,13 @@ def run_case(c: Case, seed: int, device: torch.device) -> dict:
             or torch.isfinite(out_big[:, 1:, 576:]).any()
         if spill:
             d.passed = False
-    return {"group": c.group, "case": c.name, "rows": T * H, **d.as_dict()}
+    return {"target": target, "group": c.group, "case": c.name, "rows": T * H, **d.as_dict()}
+
+
+def default_targets(device_index: int = 0) -> list[str]:
+    """native, plus the sm_120 emulation where this GPU can run it (CC >= 9.0, not sm_120)."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return ["native", "sm_120"] if (major, minor) >= (9, 0) and major != 12 else ["native"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", default=None, help="comma list of case groups (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--targets", default=None,
+                    help="comma list of native, sm_120 (default: native, and sm_120 emulation on CC >= 9.0)")
     ap.add_argument("--evidence-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     all_cases = cases()
@@ -165,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oracle: unknown group(s) {bad}; expected some of {groups}", file=sys.stderr)
             return 2
         all_cases = [c for c in all_cases if c.group in want]
+    from kdtree_engine.kernel.op import TARGETS
+
+    targets = None
+    if args.targets:
+        targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+        bad = [t for t in targets if t not in TARGETS]
+        if bad or not targets:
+            print(f"oracle: --targets: unknown target(s) {bad or args.targets!r}; expected some of {list(TARGETS)}",
+                  file=sys.stderr)
+            return 2
     if args.list:
         for c in all_cases:
             print(f"{c.group:9s} {c.name}")
@@ -186,23 +212,38 @@ def main(argv: list[str] | None = None) -> int:
                               args.evidence_dir)
         return 1
 
+    targets = targets or default_targets(torch.cuda.current_device())
+    kernels = {}
+    for t in targets:
+        try:
+            kernels[t] = lib.kernel_name(torch.cuda.current_device(), TARGETS[t])
+        except Exception as e:  # e.g. sm_120 emulation asked of a GPU below CC 9.0
+            msg = f"target {t}: {e}"
+            print(f"oracle: FAILED: {msg}", file=sys.stderr)
+            evidence.write_record(evidence.make_record("oracle", False, {}, f"not run: {msg}", reason=msg),
+                                  args.evidence_dir)
+            return 1
     rows = []
     t0 = time.monotonic()
-    for i, c in enumerate(all_cases):
-        try:
-            r = run_case(c, args.seed + i, device)
-        except Exception as e:  # a crash is a failed case, reported with its text
-            r = {"group": c.group, "case": c.name, "passed": False, "error": f"{type(e).__name__}: {e}"}
-            torch.cuda.synchronize()
-        rows.append(r)
-        status = "ok " if r["passed"] else "FAIL"
-        print(f"  {status} {c.group:9s} {c.name:22s} "
-              + (f"max|d|={r['max_abs']:.2e} cos={r['cos_diff']:.1e} lse={r['lse_max_abs'] or 0:.1e}"
-                 if "max_abs" in r else r.get("error", "")), flush=True)
+    for t in targets:
+        print(f"oracle: target {t}: {kernels[t]}", flush=True)
+        for i, c in enumerate(all_cases):
+            try:
+                r = run_case(c, args.seed + i, device, t)
+            except Exception as e:  # a crash is a failed case, reported with its text
+                r = {"target": t, "group": c.group, "case": c.name, "passed": False,
+                     "error": f"{type(e).__name__}: {e}"}
+                torch.cuda.synchronize()
+            rows.append(r)
+            status = "ok " if r["passed"] else "FAIL"
+            print(f"  {status} {t:6s} {c.group:9s} {c.name:22s} "
+                  + (f"max|d|={r['max_abs']:.2e} cos={r['cos_diff']:.1e} lse={r['lse_max_abs'] or 0:.1e}"
+                     if "max_abs" in r else r.get("error", "")), flush=True)
     elapsed = time.monotonic() - t0
     worst = {}
-    for g in sorted({r["group"] for r in rows}):
-        gr = [r for r in rows if r["group"] == g]
+    for key in sorted({(r["target"], r["group"]) for r in rows}):
+        gr = [r for r in rows if (r["target"], r["group"]) == key]
+        g = key[1] if len(targets) == 1 else f"{key[0]}/{key[1]}"
         worst[g] = {
             "cases": len(gr),
             "failed": sum(not r["passed"] for r in gr),
@@ -211,14 +252,16 @@ def main(argv: list[str] | None = None) -> int:
             "lse_max_abs": max(((r.get("lse_max_abs") or 0.0) if "max_abs" in r else float("inf") for r in gr),
                                default=0.0),
         }
-    failed = [f"{r['group']}/{r['case']}" for r in rows if not r["passed"]]
+    failed = [f"{r['target']}/{r['group']}/{r['case']}" for r in rows if not r["passed"]]
     passed = not failed and len(rows) > 0
     worst_abs = max((w["max_abs"] for w in worst.values()), default=0.0)
     worst_cos = max((w["cos_diff"] for w in worst.values()), default=0.0)
-    headline = (f"{len(rows) - len(failed)}/{len(rows)} cases within bf16 tolerance; "
-                f"worst |d| {worst_abs:.1e}, cos_diff {worst_cos:.1e}")
-    metrics = {"cases": len(rows), "failed": len(failed), "worst_per_group": worst, "seconds": round(elapsed, 1),
-               "library_archs": lib.archs,
+    per_target = {t: {"kernel": kernels[t], "cases": sum(r["target"] == t for r in rows),
+                      "passed": sum(r["target"] == t and r["passed"] for r in rows)} for t in targets}
+    headline = ("; ".join(f"{v['passed']}/{v['cases']} {t} ({v['kernel']})" for t, v in per_target.items())
+                + f" within bf16 tolerance; worst |d| {worst_abs:.1e}, cos_diff {worst_cos:.1e}")
+    metrics = {"cases": len(rows), "failed": len(failed), "targets": per_target, "worst_per_group": worst,
+               "seconds": round(elapsed, 1), "library_archs": lib.archs,
                "tolerance": {"atol": compare.ATOL, "rtol": compare.RTOL, "cos_diff": compare.COS_DIFF_MAX,
                              "lse_atol": compare.LSE_ATOL}}
     rec = evidence.make_record("oracle", passed, metrics, headline,

@@ -1,8 +1,7 @@
 // kdtree-engine: the Hopper (sm_90a) instance of the verify kernel, with wgmma.
 //
 // Same work split, metadata checks, masking, split-KV and epilogue as the
-// portable mma.sync kernel (verify_attn_flash.cu includes this file after
-// those helpers). What changes is how the tensor cores are fed, on FlashMLA's
+// portable mma.sync kernel (common.cuh). What changes is how the tensor cores are fed, on FlashMLA's
 // staggered ("seesaw") dense-decode schedule:
 // - 64 query rows, 64-key blocks taken in pairs. Q (64 x 576) and two key
 //   blocks (64 x 576 each) sit in shared memory in the 128-byte-swizzled layout
@@ -34,6 +33,10 @@
 //   count of such blocks goes to the workspace header (kdtree_read_fast_path_boxes).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
+
+#include "common.cuh"
+#include "tiles.h"
 #include "wgmma_ops.cuh"
 
 namespace kdtree {
@@ -48,6 +51,7 @@ constexpr int Q_OFF = 0;                            // Q, then key buffer 0 at T
 constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published maxima, then [2][64] row sums
 constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3]
 constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base to 1024
+static_assert(SMEM == tiles::sm90_bytes() && TILE == tiles::SM90_TILE, "tiles.h disagrees with the kernel's layout");
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
 constexpr int RUN_ROWS = 32;                        // rows per producer warp: a TMA box when contiguous
 // A row's maximum moves only when a block's score exceeds it by more than
@@ -227,11 +231,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       cp_async_mbar_arrive(full(x, G8));
     }
     cp_async_wait_all();
-    // the count the tests and gates read back (after the clear kernel, this call's PDL primary)
-    if (boxes && lane == 0) {
-      pdl_wait_primary();
-      atomicAdd(p.err + WS_FAST_BOXES, boxes);
-    }
+    // the count the tests and gates read back (kdtree_read_fast_path_boxes reads and clears it)
+    if (boxes && lane == 0) atomicAdd(p.err + WS_FAST_BOXES, boxes);
     return;
   }
 

@@ -1,0 +1,164 @@
+// kdtree-engine: the split-KV combine. With num_splits > 1 every main kernel writes
+// fp32 partial outputs and their LSE per split into the workspace; these kernels
+// merge them into the bf16 output (and the LSE). Launched as a programmatic
+// dependent of the main kernel (they wait in griddepcontrol.wait for its memory).
+#pragma once
+
+#include "common.cuh"
+
+namespace kdtree {
+
+// Merge the splits of each query row by their log-sum-exp, 128 threads (4 columns each)
+// per row. Few splits (<= COMBINE_NARROW_MAX): 512-thread CTAs of 4 rows, each thread
+// walks the splits itself. Many splits: one row per CTA of G groups of 128 threads; the
+// LSEs go through shared memory once (max, then weights) and group q sums splits q,
+// q + G, ... with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
+// latency-bound), then the groups meet in shared memory. G = 8 (64 splits in flight, one
+// round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
+// resident per SM, which costs more than it saves at 16 splits (bs1 N64 H8 65k +4 us).
+constexpr int COMBINE_GROUPS = 4;
+constexpr int COMBINE_UNROLL = 8;
+constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
+constexpr int COMBINE_WIDE8_MIN = 33;
+constexpr int COMBINE_NARROW_MAX = 8;
+constexpr int COMBINE_MAX_SPLITS = 1024;  // weights cached in shared memory; more splits re-read the LSE
+
+// Which token/head a global row is, or false when no request owns it / its request is
+// malformed (the main kernel flags those).
+__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head) {
+  tok = static_cast<int>(grow / p.H);
+  head = static_cast<int>(grow % p.H);
+  auto qo = [&](int i) { return load_index(p.qo_indptr, p.qo_indptr_64, i); };
+  if (tok >= qo(p.bs)) return false;  // a token no request owns
+  int b = 0;  // the request owning tok (bs is small; a linear scan keeps this simple and exact)
+  while (b + 1 < p.bs && qo(b + 1) <= tok) ++b;
+  const int64_t N = qo(b + 1) - qo(b);
+  if (N < 0 || N > p.max_n) return false;
+  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
+  return !(kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX);
+}
+
+__device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,
+                                              float mx, int64_t grow, bool lse_writer) {
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
+  reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
+  reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+  if (p.lse && lse_writer) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+}
+
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const Params p) {
+  pdl_wait_primary();
+  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
+  const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_GROUPS + threadIdx.x / 128;
+  int tok, head;
+  if (grow >= TH || !combine_row(p, grow, tok, head)) return;
+  const int S = p.num_splits, c = (threadIdx.x % 128) * 4;
+  float mx = -CUDART_INF_F;
+  for (int s = 0; s < S; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum = 0.f;
+  if (mx != -CUDART_INF_F) {
+#pragma unroll COMBINE_NARROW_MAX
+    for (int s = 0; s < S; ++s) {
+      const float ls = p.lse_part[s * TH + grow];
+      if (ls == -CUDART_INF_F) continue;  // empty split: its O was never written
+      const float wt = __expf(ls - mx);
+      sum += wt;
+      const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
+      o.x += wt * v.x; o.y += wt * v.y; o.z += wt * v.z; o.w += wt * v.w;
+    }
+  }
+  combine_store(p, tok, head, c, o, sum, mx, grow, c == 0);
+}
+
+template <int G>
+constexpr int COMBINE_WIDE_THREADS = 128 * G;  // G groups of 128 threads
+
+template <int G>
+__global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(const Params p) {
+  constexpr int NT = COMBINE_WIDE_THREADS<G>;
+  __shared__ float w_s[COMBINE_MAX_SPLITS];
+  __shared__ float red[NT / 32];
+  __shared__ float4 part[G - 1][128];
+  pdl_wait_primary();
+  const int64_t grow = blockIdx.x;  // global row = token * H + head
+  int tok, head;
+  if (!combine_row(p, grow, tok, head)) return;  // uniform over the CTA
+
+  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int S = p.num_splits;
+  const bool cached = S <= COMBINE_MAX_SPLITS;
+  float mx = -CUDART_INF_F;  // max of the LSEs
+  for (int s = tid; s < S; s += NT) {
+    const float ls = p.lse_part[s * TH + grow];
+    if (cached) w_s[s] = ls;
+    mx = fmaxf(mx, ls);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+#pragma unroll
+  for (int i = 1; i < NT / 32; ++i) mx = fmaxf(mx, red[i]);
+  __syncthreads();  // red is reused for the sum below
+  // weights exp(lse - max); an empty split (LSE -inf, O never written) weighs 0
+  float sum = 0.f;
+  if (mx != -CUDART_INF_F) {
+    for (int s = tid; s < S; s += NT) {
+      const float ls = cached ? w_s[s] : p.lse_part[s * TH + grow];
+      const float wt = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
+      if (cached) w_s[s] = wt;
+      sum += wt;
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < NT / 32; ++i) sum += red[i];
+
+  const int grp = tid / 128, c = (tid % 128) * 4;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (sum > 0.f) {
+    const float* base = p.o_part + grow * DV + c;
+    for (int s0 = grp; s0 < S; s0 += G * COMBINE_UNROLL) {
+      float4 v[COMBINE_UNROLL];
+      float wt[COMBINE_UNROLL];
+#pragma unroll
+      for (int u = 0; u < COMBINE_UNROLL; ++u) {
+        const int s = s0 + u * G;
+        wt[u] = 0.f;
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < S) {
+          if (cached) {
+            wt[u] = w_s[s];
+          } else {
+            const float ls = p.lse_part[s * TH + grow];
+            wt[u] = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
+          }
+          if (wt[u] > 0.f) v[u] = *reinterpret_cast<const float4*>(base + s * TH * DV);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < COMBINE_UNROLL; ++u) {
+        o.x += wt[u] * v[u].x; o.y += wt[u] * v[u].y; o.z += wt[u] * v[u].z; o.w += wt[u] * v[u].w;
+      }
+    }
+  }
+  if (grp > 0) part[grp - 1][tid % 128] = o;
+  __syncthreads();
+  if (grp > 0) return;
+#pragma unroll
+  for (int q = 0; q < G - 1; ++q) {
+    const float4 v = part[q][tid];
+    o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
+  }
+  combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
+}
+
+}  // namespace kdtree

@@ -1,0 +1,293 @@
+// kdtree-engine: what every kernel of the library shares: the launch parameters
+// (Params), the tile-independent constants, the PTX helpers (cp.async, ldmatrix,
+// mma.sync, PDL), and the per-CTA work setup: which request, row tile and key
+// tiles a CTA takes, the device-side checks of indptrs, slot ids and mask
+// extents, the tree-mask test and the epilogue that writes O and the LSE.
+//
+// Device-side checks never trust a device value: a bad one sets a bit in the
+// workspace's error word (KDTREE_ERR_*) and the read it would have caused is
+// skipped. The word is sticky: no kernel clears it; kdtree_read_device_error
+// reads it and then clears it (the workspace header starts zeroed).
+#pragma once
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kdtree_verify.h"
+
+#ifndef KDTREE_ARCHS
+#define KDTREE_ARCHS "unknown"
+#endif
+
+namespace kdtree {
+
+constexpr int D = KDTREE_HEAD_DIM;        // 576
+constexpr int DV = KDTREE_V_DIM;          // 512
+constexpr int ROW_BYTES = D * 2;          // 1152
+constexpr int CHUNKS = ROW_BYTES / 16;    // 72 16-byte pieces per latent
+constexpr int BN = 32;                    // keys per tile of the portable kernel
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
+constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
+
+struct Params {
+  const __nv_bfloat16* q;
+  int64_t q_st, q_sh;
+  const __nv_bfloat16* k_ext;
+  int64_t k_ext_st;
+  const __nv_bfloat16* kv;
+  int64_t kv_st, pool_size;
+  const void* qo_indptr;  // int64 (qo_indptr_64) or int32
+  const void* kv_indptr;  // int64 (kv_indptr_64) or int32
+  int qo_indptr_64, kv_indptr_64;
+  const void* draft_slots;  // NULL: drafts from k_ext; else their pool slots (int64 if draft_slots_64)
+  int draft_slots_64;
+  const void* kv_indices;
+  int kv_indices_64;
+  int64_t kv_indices_len;
+  const uint8_t* mask;
+  const int64_t* mask_indptr;
+  int64_t mask_len;
+  __nv_bfloat16* o;
+  int64_t o_st, o_sh;
+  float* lse;
+  float* o_part;     // [num_splits, T*H, 512]
+  float* lse_part;   // [num_splits, T*H]
+  int* err;
+  int bs, H, max_n, T, num_splits;
+  float scale_log2;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  int n = valid ? 16 : 0;  // 0 -> zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+// 8- and 4-byte copies (through L1: .cg takes 16 bytes only); 0 bytes read when !valid
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                        uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                          uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// D = A(16x16 bf16, row) * B(16x8 bf16, col) + D, fp32 accumulate.
+__device__ __forceinline__ void mma16816(float* d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Programmatic dependent launch (sm_90+): the main kernel lets the combine launch
+// early (its CTAs then wait in griddepcontrol.wait for the main grid's completion and
+// memory), hiding the launch gap between the two; no-ops on older archs.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Sets error bits for this call (sticky until kdtree_read_device_error reads them).
+__device__ __forceinline__ void report_error(int* err, int bits) { atomicOr(err, bits); }
+
+// 2^x on the MUFU unit alone: exp2f adds a range check and two scalings per call to keep
+// denormal results, which a softmax weight below 2^-126 does not need (it flushes to 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Element i of an index array that is int64 (is64) or int32.
+__device__ __forceinline__ int64_t load_index(const void* a, int is64, int64_t i) {
+  return is64 ? reinterpret_cast<const int64_t*>(a)[i] : static_cast<int64_t>(reinterpret_cast<const int32_t*>(a)[i]);
+}
+__device__ __forceinline__ int64_t load_slot(const Params& p, int64_t i) { return load_index(p.kv_indices, p.kv_indices_64, i); }
+
+// Source of key position `pos` of a request (prefix slot, draft row, or none).
+struct KeySrc {
+  const __nv_bfloat16* ptr;
+  bool valid;
+};
+
+// In two steps, so that a slot id's global load can be issued a tile early and waited
+// for only when its copy is issued: key_slot loads (prefix keys only, -1 otherwise),
+// key_resolve checks the id and makes the source; key_source does both at once.
+__device__ __forceinline__ int64_t key_slot(const Params& p, int pos, int L, int64_t kv_start) {
+  return pos < L ? load_slot(p, kv_start + pos) : -1;
+}
+__device__ __forceinline__ KeySrc key_resolve(const Params& p, int64_t slot, int pos, int L, int N, int qo_start) {
+  KeySrc s{p.kv, false};
+  if (pos < L) {
+    if (slot >= 0 && slot < p.pool_size) {
+      s.ptr = p.kv + slot * p.kv_st;
+      s.valid = true;
+    } else {
+      report_error(p.err, KDTREE_ERR_SLOT);
+    }
+  } else if (pos < L + N) {
+    const int64_t t = qo_start + pos - L;
+    if (!p.draft_slots) {
+      s.ptr = p.k_ext + t * p.k_ext_st;
+      s.valid = true;
+    } else {  // SGLang wrote the drafts' latents into the pool at out_cache_loc before attention
+      const int64_t ds = load_index(p.draft_slots, p.draft_slots_64, t);
+      if (ds >= 0 && ds < p.pool_size) {
+        s.ptr = p.kv + ds * p.kv_st;
+        s.valid = true;
+      } else {
+        report_error(p.err, KDTREE_ERR_SLOT);
+      }
+    }
+  }
+  return s;
+}
+
+__device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, int N, int64_t kv_start,
+                                             int qo_start) {
+  return key_resolve(p, key_slot(p, pos, L, kv_start), pos, L, N, qo_start);
+}
+
+// What one CTA works on: request b's query rows r0 .. r0+BM and key tiles [t_begin, t_end).
+struct Work {
+  int qo_start, kv_lo, N, rows, r0, L, KV, t_begin, t_end;
+  int64_t mask_base;
+  bool mask_ok;
+};
+
+// Read and validate request b's metadata (device values, never trusted: a bad
+// value sets a bit in *err and the CTA does nothing). Returns false when the
+// CTA has no work; an empty split still marks its rows' LSE so combine skips it.
+__device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int bm, int split, int bn,
+                                           int tid, int nthreads, Work& w) {
+  const bool reporter = tid == 0 && r0 == 0 && split == 0;
+  const int64_t qo_lo64 = load_index(p.qo_indptr, p.qo_indptr_64, b);
+  const int64_t qo_hi64 = load_index(p.qo_indptr, p.qo_indptr_64, b + 1);
+  const int64_t kv_lo64 = load_index(p.kv_indptr, p.kv_indptr_64, b);
+  const int64_t kv_hi64 = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
+  if (qo_lo64 < 0 || qo_hi64 < qo_lo64 || qo_hi64 > p.T || qo_hi64 - qo_lo64 > p.max_n) {
+    if (reporter) report_error(p.err, KDTREE_ERR_QO_INDPTR);
+    return false;
+  }
+  if (kv_lo64 < 0 || kv_hi64 < kv_lo64 || kv_hi64 > p.kv_indices_len || kv_hi64 > INT32_MAX) {
+    if (reporter) report_error(p.err, KDTREE_ERR_KV_INDPTR);
+    return false;
+  }
+  // in range now: the narrowing is exact
+  w.qo_start = static_cast<int>(qo_lo64);
+  w.N = static_cast<int>(qo_hi64 - qo_lo64);
+  w.kv_lo = static_cast<int>(kv_lo64);
+  const int kv_hi = static_cast<int>(kv_hi64);
+  w.rows = w.N * p.H;
+  w.r0 = r0;
+  if (r0 >= w.rows) return false;  // no such row tile for this request (combine skips it too)
+  w.L = kv_hi - w.kv_lo;
+  w.KV = w.L + w.N;
+  w.mask_base = p.mask_indptr[b];
+  w.mask_ok = w.N == 0 || (w.mask_base >= 0 && w.mask_base + static_cast<int64_t>(w.N) * w.KV <= p.mask_len);
+  if (!w.mask_ok && reporter) report_error(p.err, KDTREE_ERR_MASK);
+  const int ntiles = (w.KV + bn - 1) / bn;
+  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
+  w.t_begin = split * per;
+  w.t_end = min(ntiles, w.t_begin + per);
+  if (w.t_begin >= w.t_end) {
+    if (p.num_splits > 1) {
+      const int64_t grow0 = static_cast<int64_t>(w.qo_start) * p.H + r0;
+      for (int r = tid; r < bm && r0 + r < w.rows; r += nthreads)
+        p.lse_part[static_cast<int64_t>(split) * p.T * p.H + grow0 + r] = -CUDART_INF_F;
+    }
+    return false;
+  }
+  return true;
+}
+
+// Tree mask: keys past the end are hidden; draft keys (pos >= L) are visible iff the
+// FULL_MASK row of `tok` says so (rows past the request, tok < 0, see every key).
+__device__ __forceinline__ bool key_hidden(const Params& p, const Work& w, int pos, int tok) {
+  if (pos >= w.KV) return true;
+  if (pos >= w.L && tok >= 0)
+    return !(w.mask_ok && p.mask[w.mask_base + static_cast<int64_t>(tok) * w.KV + pos] != 0);
+  return false;
+}
+// Scale a score to log2 units and apply the tree mask.
+__device__ __forceinline__ float masked_score(const Params& p, const Work& w, float s, int pos, int tok,
+                                             bool needs_mask) {
+  if (needs_mask && key_hidden(p, w, pos, tok)) return -CUDART_INF_F;
+  return s * p.scale_log2;
+}
+// Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
+// half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
+// o with one split, fp32 normalised partials plus LSE to the workspace with several.
+__device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
+                                           const float* l_run, int r0, int rows, int qo_start,
+                                           int split, int half, int tq) {
+  const int H = p.H;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = r0 + 8 * h;
+    if (rr >= rows) continue;
+    const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+    const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+    const int tok = rr / H, head = rr % H;
+    const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
+    if (p.num_splits > 1) {
+      float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8) = make_float2(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+      if (half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
+    } else {
+      __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
+                           static_cast<int64_t>(head) * p.o_sh + half * 256 + tq * 2;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
+            __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+      if (p.lse && half == 0 && tq == 0) p.lse[grow] = lse;
+    }
+  }
+}
+
+}  // namespace kdtree

@@ -1,0 +1,209 @@
+// kdtree-engine: the C ABI (kdtree_verify.h). Checks every argument the host can
+// check, chooses the kernel and tile for the device and target (config.cc), fills
+// the kernel parameters and hands them to the launcher of that kernel.
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launch.h"
+#include "tiles.h"
+
+namespace kdtree {
+namespace host {
+
+namespace {
+thread_local char g_err[512] = "";
+}
+
+int fail(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+namespace {
+
+// The properties config.cc reads, once per device (they do not change while the process runs).
+int device_props(int device, KdtreeDeviceProps* out) {
+  static KdtreeDeviceProps cache[64];
+  static bool have[64];
+  if (device < 0 || device >= 64) return fail(KDTREE_EINVAL, "device %d out of range [0, 64)", device);
+  if (!have[device]) {
+    KdtreeDeviceProps d{};
+    int v[6] = {0, 0, 0, 0, 0, 0};
+    const cudaDeviceAttr attrs[6] = {cudaDevAttrComputeCapabilityMajor, cudaDevAttrComputeCapabilityMinor,
+                                     cudaDevAttrMultiProcessorCount, cudaDevAttrMaxThreadsPerMultiProcessor,
+                                     cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDevAttrMaxSharedMemoryPerMultiprocessor};
+    for (int i = 0; i < 6; ++i) {
+      cudaError_t e = cudaDeviceGetAttribute(&v[i], attrs[i], device);
+      if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaDeviceGetAttribute(%d): %s", device, cudaGetErrorString(e));
+    }
+    d.cc_major = v[0];
+    d.cc_minor = v[1];
+    d.sm_count = v[2];
+    d.max_threads_per_sm = v[3];
+    d.smem_per_block_optin = v[4];
+    d.smem_per_sm = v[5];
+    cache[device] = d;
+    have[device] = true;
+  }
+  *out = cache[device];
+  return KDTREE_OK;
+}
+
+// KDTREE_KERNEL=mma forces the portable kernel (for A/B measurements; read once per process).
+int env_flags() {
+  static const int flags = [] {
+    int f = strstr(KDTREE_ARCHS, "sm_90a") ? KDTREE_CFG_HAS_SM90A : 0;
+    const char* v = getenv("KDTREE_KERNEL");
+    if (v && strcmp(v, "mma") == 0) f |= KDTREE_CFG_FORCE_MMA;
+    return f;
+  }();
+  return flags;
+}
+
+}  // namespace
+}  // namespace host
+}  // namespace kdtree
+
+using kdtree::host::fail;
+
+extern "C" {
+
+int kdtree_abi_version(void) { return KDTREE_ABI_VERSION; }
+const char* kdtree_last_error(void) { return kdtree::host::g_err; }
+const char* kdtree_build_info(void) { return KDTREE_ARCHS; }
+
+int kdtree_device_config(int device, int32_t target, KdtreeConfig* out) {
+  if (!out) return fail(KDTREE_EINVAL, "out is NULL");
+  KdtreeDeviceProps d;
+  int rc = kdtree::host::device_props(device, &d);
+  if (rc != KDTREE_OK) return rc;
+  rc = kdtree_choose_config(&d, target, kdtree::host::env_flags(), 0, out);
+  if (rc != KDTREE_OK) return fail(rc, "%s", out->note);
+  return KDTREE_OK;
+}
+
+int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
+  if (total_rows < 0 || num_splits < 1) return -1;
+  if (num_splits == 1) return kdtree::WS_HEADER;
+  const int64_t o = total_rows * num_splits * kdtree::DV * 4;
+  const int64_t l = total_rows * num_splits * 4;
+  return kdtree::WS_HEADER + o + ((l + 255) / 256) * 256;
+}
+
+int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
+  kdtree::host::g_err[0] = '\0';
+  if (!a) return fail(KDTREE_EINVAL, "args is NULL");
+  if (a->abi_version != KDTREE_ABI_VERSION)
+    return fail(KDTREE_EINVAL, "abi_version %d, library speaks %d", a->abi_version, KDTREE_ABI_VERSION);
+  if (a->bs < 0) return fail(KDTREE_EINVAL, "bs must be >= 0, got %d", a->bs);
+  if (a->num_heads < 1 || a->num_heads > KDTREE_MAX_HEADS)
+    return fail(KDTREE_EINVAL, "num_heads must be in [1, %d], got %d", KDTREE_MAX_HEADS, a->num_heads);
+  if (a->max_n < 0 || a->max_n > KDTREE_MAX_DRAFTS)
+    return fail(KDTREE_EINVAL, "max_n must be in [0, %d], got %d", KDTREE_MAX_DRAFTS, a->max_n);
+  if (a->num_splits < 1 || a->num_splits > 65535)
+    return fail(KDTREE_EINVAL, "num_splits must be in [1, 65535], got %d", a->num_splits);
+  // > 0: the kernels take row maxima of raw scores and scale them afterwards
+  if (!(a->sm_scale > 0.f) || !(a->sm_scale < 3.0e38f))
+    return fail(KDTREE_EINVAL, "sm_scale must be a positive finite float, got %g", (double)a->sm_scale);
+  if (a->total_tokens < 0) return fail(KDTREE_EINVAL, "total_tokens must be >= 0");
+  if (!a->q || !a->kv || !a->qo_indptr || !a->kv_indptr || !a->mask_indptr || !a->o || !a->workspace)
+    return fail(KDTREE_EINVAL, "a required pointer (q, kv, qo_indptr, kv_indptr, mask_indptr, o, workspace) is NULL");
+  if (!a->k_ext && !a->draft_slots)
+    return fail(KDTREE_EINVAL, "k_ext and draft_slots are both NULL: the drafts' latents come from one of them");
+  // Empty tensors may come with a NULL pointer; their lengths are 0, so the
+  // device checks flag any read of them and the kernel never dereferences them.
+  if ((!a->kv_indices && a->kv_indices_len != 0) || (!a->mask && a->mask_len != 0))
+    return fail(KDTREE_EINVAL, "kv_indices or mask is NULL but has a non-zero length");
+  if (a->kv_indices_len < 0 || a->mask_len < 0 || a->pool_size < 1)
+    return fail(KDTREE_EINVAL, "kv_indices_len and mask_len must be >= 0 and pool_size >= 1");
+  const int64_t need = kdtree_workspace_bytes(static_cast<int64_t>(a->total_tokens) * a->num_heads, a->num_splits);
+  if (a->workspace_bytes < need)
+    return fail(KDTREE_EINVAL, "workspace has %lld bytes, needs %lld", (long long)a->workspace_bytes,
+                (long long)need);
+  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  if (!aligned16(a->q) || (a->k_ext && !aligned16(a->k_ext)) || !aligned16(a->kv) || !aligned16(a->o) ||
+      !aligned16(a->workspace))
+    return fail(KDTREE_EINVAL, "q, k_ext, kv, o and workspace must be 16-byte aligned");
+  if (a->q_stride_tok % 8 || a->q_stride_head % 8 || a->k_ext_stride_tok % 8 || a->kv_stride_slot % 8 ||
+      a->o_stride_tok % 8 || a->o_stride_head % 8)
+    return fail(KDTREE_EINVAL, "strides must be multiples of 8 elements (16 bytes)");
+
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "cudaGetDevice: %s", cudaGetErrorString(e));
+  KdtreeConfig cfg;
+  int rc = kdtree_device_config(dev, a->target, &cfg);  // a bad target is refused even for an empty batch
+  if (rc != KDTREE_OK) return rc;
+  if (a->bs == 0 || a->total_tokens == 0 || a->max_n == 0) return KDTREE_OK;
+
+  kdtree::Params p{};
+  p.q = static_cast<const __nv_bfloat16*>(a->q);
+  p.q_st = a->q_stride_tok;
+  p.q_sh = a->q_stride_head;
+  p.k_ext = static_cast<const __nv_bfloat16*>(a->k_ext);
+  p.k_ext_st = a->k_ext_stride_tok;
+  p.draft_slots = a->draft_slots;
+  p.draft_slots_64 = a->draft_slots_is_64;
+  p.kv = static_cast<const __nv_bfloat16*>(a->kv);
+  p.kv_st = a->kv_stride_slot;
+  p.pool_size = a->pool_size;
+  p.qo_indptr = a->qo_indptr;
+  p.kv_indptr = a->kv_indptr;
+  p.qo_indptr_64 = a->qo_indptr_is_64;
+  p.kv_indptr_64 = a->kv_indptr_is_64;
+  p.kv_indices = a->kv_indices;
+  p.kv_indices_64 = a->kv_indices_is_64;
+  p.kv_indices_len = a->kv_indices_len;
+  p.mask = a->mask;
+  p.mask_indptr = a->mask_indptr;
+  p.mask_len = a->mask_len;
+  p.o = static_cast<__nv_bfloat16*>(a->o);
+  p.o_st = a->o_stride_tok;
+  p.o_sh = a->o_stride_head;
+  p.lse = a->lse;
+  unsigned char* ws = static_cast<unsigned char*>(a->workspace);
+  p.err = reinterpret_cast<int*>(ws);
+  const int64_t rows = static_cast<int64_t>(a->total_tokens) * a->num_heads;
+  p.o_part = reinterpret_cast<float*>(ws + kdtree::WS_HEADER);
+  p.lse_part = p.o_part + rows * a->num_splits * kdtree::DV;
+  p.bs = a->bs;
+  p.H = a->num_heads;
+  p.max_n = a->max_n;
+  p.T = a->total_tokens;
+  p.num_splits = a->num_splits;
+  p.scale_log2 = a->sm_scale * kdtree::LOG2E;
+
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (cfg.kernel == KDTREE_KERNEL_SM90) return kdtree::host::launch_sm90(p, cfg, stream);
+  return kdtree::host::launch_mma(p, cfg, stream);
+}
+
+namespace {
+// Read one 32-bit word of the workspace header and clear it (synchronises on `stream`).
+int read_header_word(const void* workspace, void* stream_, int word, int32_t* value, const char* what) {
+  if (!workspace || !value) return fail(KDTREE_EINVAL, "workspace and the output pointer must not be NULL");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  unsigned char* w = static_cast<unsigned char*>(const_cast<void*>(workspace)) + 4 * word;
+  cudaError_t e = cudaMemcpyAsync(value, w, sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(w, 0, sizeof(int32_t), stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "reading the %s: %s", what, cudaGetErrorString(e));
+  return KDTREE_OK;
+}
+}  // namespace
+
+int kdtree_read_device_error(const void* workspace, void* stream, int32_t* bits) {
+  return read_header_word(workspace, stream, 0, bits, "device error word");
+}
+
+int kdtree_read_fast_path_boxes(const void* workspace, void* stream, int32_t* boxes) {
+  return read_header_word(workspace, stream, kdtree::WS_FAST_BOXES, boxes, "fast-path count");
+}
+
+}  // extern "C"
