@@ -188,6 +188,8 @@ def test_schema_1_state_is_upgraded(tmp_path):
         del old[key]
     old["phases"][0]["code_commit"] = "ab" * 20
     old["phases"][0]["gates"][0]["evidence"]["metrics"]["library"] = "/work/x/build/lib/libk.so"
+    for key in ("plots", "versions"):  # schema 1 summaries had no plot names
+        del old["phases"][0]["gates"][0]["evidence"][key]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(old))
     loaded = plan.load_state(path)
@@ -195,6 +197,7 @@ def test_schema_1_state_is_upgraded(tmp_path):
     assert "code_commit" not in loaded["phases"][0]
     assert "library" not in loaded["phases"][0]["gates"][0]["evidence"]["metrics"]
     assert loaded["phases"][0]["gates"][0]["evidence"]["headline"] == "build headline"
+    assert "/work/x" not in plan.render(loaded, TEMPLATES)  # and it renders
 
 
 def test_same_results_on_new_times_and_commit_are_unchanged():

@@ -125,6 +125,8 @@ def _check_state(state: Any, where: str) -> dict[str, Any]:
             if ev is not None:
                 ev = dict(ev)
                 ev["metrics"] = local_free_metrics(ev.get("metrics") or {}, None)
+                ev.setdefault("plots", [])  # schema 1 kept no plot names
+                ev.setdefault("versions", {})
             g["evidence"] = ev
     return fresh
 
