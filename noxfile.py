@@ -1,9 +1,10 @@
-"""nox sessions: one per gate (DESIGN section 3), plus ``tests`` and ``lint``.
+"""nox sessions: one per gate (docs/design.md section 3), plus ``tests`` and ``lint``.
 
 Every gate session runs ``python -m kdtree_engine <gate> *posargs``, which
-writes the gate's evidence record. GPU gates are ``default=False`` and tagged
-``gpu``; on a machine without a CUDA device they fail with one sentence (never
-skip). All sessions also run with ``nox --no-venv`` on a host that cannot make
+writes the gate's evidence record. Its arguments are checked first (a bad bench
+suite or system is named before anything else). GPU gates are ``default=False``
+and tagged ``gpu``; on a machine without a CUDA device they fail with one
+sentence (never skip). All sessions also run with ``nox --no-venv`` on a host that cannot make
 virtual environments (the offline GPU host): nothing is installed then, and the
 interpreter running nox runs the gate.
 """
@@ -56,9 +57,25 @@ def _python(session: nox.Session) -> str:
     return "python" if _has_venv(session) else sys.executable
 
 
-def _install_project(session: nox.Session) -> None:
+def _install_project(session: nox.Session, extras: str = "dev") -> None:
     if _has_venv(session):
-        session.install("-e", ".[dev]", TORCH)
+        session.install("-e", f".[{extras}]", TORCH)
+
+
+ARGS_CHECK = (
+    "import sys\n"
+    "from kdtree_engine.__main__ import check_args\n"
+    "print(check_args(sys.argv[1], sys.argv[2:]) or 'args-ok')\n"
+)
+
+
+def _check_args(session: nox.Session, gate: str, args: tuple[str, ...]) -> None:
+    """Refuse bad gate arguments (e.g. an unknown bench suite) before any GPU check:
+    the same pure check the module entry point runs first."""
+    out = session.run(_python(session), "-c", ARGS_CHECK, gate, *args, silent=True, log=False) or ""
+    lines = out.strip().splitlines()
+    if not lines or lines[-1] != "args-ok":
+        session.error(f"gate {gate}: {lines[-1] if lines else 'the argument check printed nothing'}")
 
 
 def _require_cuda(session: nox.Session, gate: str) -> None:
@@ -70,11 +87,14 @@ def _require_cuda(session: nox.Session, gate: str) -> None:
         )
 
 
-def _gate(session: nox.Session, gate: str, *, gpu: bool, default_args: tuple[str, ...] = ()) -> None:
-    _install_project(session)
+def _gate(session: nox.Session, gate: str, *, gpu: bool, default_args: tuple[str, ...] = (),
+          extras: str = "dev") -> None:
+    _install_project(session, extras)
+    args = tuple(session.posargs or default_args)
+    _check_args(session, gate, args)
     if gpu:
         _require_cuda(session, gate)
-    session.run(_python(session), "-m", "kdtree_engine", gate, *(session.posargs or default_args))
+    session.run(_python(session), "-m", "kdtree_engine", gate, *args)
 
 
 # Gate venvs see the system site-packages, so an installed torch is reused.
@@ -83,8 +103,8 @@ GATE_VENV = ["--system-site-packages"]
 
 @nox.session(venv_params=GATE_VENV)
 def build(session: nox.Session) -> None:
-    """Compile csrc/ with nvcc for every target arch (no GPU needed)."""
-    _gate(session, "build", gpu=False)
+    """Compile csrc/ with nvcc for every target arch and count its SASS (no GPU needed)."""
+    _gate(session, "build", gpu=False, extras="dev,build")  # build: cuobjdump + nvdisasm
 
 
 @nox.session(name="oracle-selftest", venv_params=GATE_VENV)

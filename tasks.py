@@ -1,4 +1,4 @@
-"""invoke tasks: ``invoke phase0`` .. ``invoke phase5``, ``invoke status``, ``invoke plan``.
+"""invoke tasks: ``invoke phase0`` .. ``invoke phase5``, ``invoke record``, ``invoke status``, ``invoke plan``.
 
 Only orchestration lives here; the logic is in ``kdtree_engine.pipeline``.
 Settings come from invoke.yaml (overridable as ``INVOKE_KDTREE_*``).
@@ -50,8 +50,8 @@ def _phase(c: Context, n: int, evidence: str, no_commit: bool, override: bool, n
     no_venv = no_venv or bool(settings.get("nox_no_venv", False)) or _run.no_venv_default()
     try:
         if evidence:
-            result = _run.record_phase(n, Path(evidence), commit=commit, override=override, partial=partial,
-                                       root=ROOT)
+            result = _run.record(Path(evidence), phases=[n], commit=commit, override=override,
+                                 partial=partial, root=ROOT)
         else:
             ev_dir = settings.get("evidence_dir")
             result = _run.run_phase(
@@ -71,9 +71,13 @@ def _phase(c: Context, n: int, evidence: str, no_commit: bool, override: bool, n
 
 
 def _report(result: _run.PhaseResult, commit: bool) -> None:
+    for note in result.notes:
+        print(note)
     subject = result.message.splitlines()[0]
     if result.commit:
         print(f"committed {result.commit[:12]}: {subject}")
+    elif result.skipped and result.unchanged:
+        print(result.message)
     elif result.skipped:
         print(f"plan unchanged, nothing to commit ({subject})")
     elif not commit:
@@ -122,14 +126,34 @@ def phase5(c: Context, evidence: str = "", no_commit: bool = False, override: bo
     _phase(c, 5, evidence, no_commit, override, no_venv, partial)
 
 
+@task(help={
+    "evidence": "folder of <gate>.json records made elsewhere (required)",
+    "no_commit": PHASE_HELP["no_commit"],
+    "override": PHASE_HELP["override"],
+    "partial": "also record a phase not yet done that has evidence for some of its gates (in progress)",
+}, auto_shortflags=False)
+def record(c: Context, evidence: str = "", no_commit: bool = False, override: bool = False,
+           partial: bool = False) -> None:
+    """Record every phase whose evidence is in --evidence DIR, in one commit; runs no gate."""
+    if not evidence:
+        raise Exit("invoke record: give the folder of evidence records with --evidence DIR", code=2)
+    commit = not no_commit and bool(_settings(c).get("commit", True))
+    try:
+        result = _run.record(Path(evidence), commit=commit, override=override, partial=partial, root=ROOT)
+    except _run.REFUSALS as e:
+        raise Exit(f"invoke record: {e}", code=2) from None
+    _report(result, commit)
+
+
 @task
 def status(c: Context) -> None:
-    """Show the phases and gates of the plan (read-only)."""
+    """Show the phases and gates of the plan, and which need re-proving on this code (read-only)."""
     try:
         state = _plan.load_state(_plan.plan_paths(ROOT)[0])
+        head, note = _run.here_content_hash(ROOT)
     except _run.REFUSALS as e:
         raise Exit(f"invoke status: {e}", code=2) from None
-    print(_plan.status_table(state), end="")
+    print(_plan.status_table(state, head, note), end="")
 
 
 @task(help={"commit": "commit the re-rendered plan files (only those)"})

@@ -96,12 +96,44 @@ def test_without_matplotlib_json_and_markdown_still_written(tmp_path, monkeypatc
     assert not list(tmp_path.glob("*.png"))
 
 
-def test_no_extend_figures_no_speedup_plot(tmp_path):
+def test_no_peer_figures_no_speedup_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    rs = [r for r in _results() if r.system != "sglang-extend"]
+    rs = [r for r in _results() if r.system not in ("sglang-extend", "flashmla")]
     files = report.write(_report(results=rs), tmp_path)
     assert [p.name for p in files["png"]] == ["lc-test-time.png"]
-    assert any("no SGLang extend figures" in n for n in files["notes"])
+    assert any("no SGLang extend or FlashMLA figures" in n for n in files["notes"])
+
+
+def test_every_plotted_value_sits_over_its_case_name(tmp_path, monkeypatch):
+    """One bar group per case, the case names on the x axis, each bar labelled."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    rep = _report()
+    names, times, speed = report._plot_series(rep)
+    assert names == [c["name"] for c in rep["cases"]]
+    t = report._results(rep)
+    for i, name in enumerate(names):
+        assert times["ours tree"][i] == t.time(name, "ours", "tree")
+        ext, tree = t.time(name, "sglang-extend", "tree"), t.time(name, "ours", "tree")
+        if ext and tree:
+            assert speed["SGLang extend / ours tree"][i] == pytest.approx(ext / tree)
+    seen = []
+    real = Figure.savefig
+
+    def capture(fig, path, *a, **k):
+        ax = fig.axes[0]
+        seen.append(([x.get_text() for x in ax.get_xticklabels()],
+                     [x.get_text() for x in ax.get_legend().get_texts()],
+                     sum(len(c.datavalues) for c in ax.containers)))
+        return real(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    report.write(rep, tmp_path)
+    (ticks, legend, bars), (sticks, slegend, _) = seen
+    assert ticks == names and sticks == names
+    assert set(times) <= set(legend) and "SGLang extend / ours tree" in slegend
+    assert bars == sum(v is not None for vs in times.values() for v in vs)
 
 
 def test_fragmentation_and_graph_tables():

@@ -10,7 +10,7 @@ from kdtree_engine.bench.peers import PEERS, PeerUnsupported, paged_chain_cache
 from kdtree_engine.bench.suites import Case
 from kdtree_engine.oracle import reference, workloads
 
-# DESIGN section 6, as printed there: (bs, T, H, ctx) and its floor in microseconds
+# docs/design.md section 6, as printed there: (bs, T, H, ctx) and its floor in microseconds
 DESIGN_ROWS = [
     (1, 16, 8, 4096, 1.4), (1, 16, 8, 23000, 8.1), (1, 16, 8, 65536, 23.1), (1, 16, 8, 91000, 32.1),
     (1, 16, 64, 32768, 92.5), (8, 16, 8, 32768, 92.5), (32, 8, 16, 8192, 92.5), (64, 4, 16, 4096, 70.7),

@@ -82,11 +82,6 @@ def test_failed_hook_leaves_plan_and_history(project_repo, existing):
     hook.parent.mkdir(exist_ok=True)
     hook.write_text("#!/bin/sh\necho 'plan rejected by policy' >&2\nexit 1\n")
     hook.chmod(0o755)
-    state_path, md_path = plan.plan_paths(root)
-    if existing:
-        md_path.write_text("stale render\n")  # committed render differs: a commit is due
-        git(root, "commit", "-q", "--no-verify", "-am", "stale render")
-        md_path.write_text("local edit that must survive\n")
     before = _snapshot(root)
     with pytest.raises(CommitError, match=r"hook pre-commit failed \(exit 1\).*: plan rejected by policy$"):
         render_plan(commit=True, root=root)

@@ -28,7 +28,7 @@ def _done_state(*numbers: int) -> dict:
     state = plan.new_state()
     for n in numbers:
         recs = {g.stem: _record(g.gate, g.variant) for g in PHASES[n].gates}
-        plan.mark_done(state, n, recs, "c0ffee" * 7)
+        plan.mark_done(state, n, recs)
     return state
 
 
@@ -108,7 +108,7 @@ def test_render_is_byte_identical_and_shows_figures():
         "bench-micro": _record("bench", "micro", headline="30x vs triton | 2.1x floor",
                                details={"markdown_table": table}, device=h200),
     }
-    plan.mark_done(state, 1, recs, "abcdef123456" * 3)
+    plan.mark_done(state, 1, recs)
     first = plan.render(state, TEMPLATES)
     assert plan.render(json.loads(plan.dump_state(state)), TEMPLATES) == first
     assert "30x vs triton \\| 2.1x floor" in first
@@ -116,7 +116,9 @@ def test_render_is_byte_identical_and_shows_figures():
     assert "NVIDIA H200 (sm 9.0)" in first
     assert "median_us = 12.35" in first
     assert "**remaining = sglang integration + long-context performance + smoke" in first
-    assert "| 1 | kernel in isolation | done | 2030-01-02 | NVIDIA H200 (sm 9.0) | abcdef123456 |" in first
+    commit = recs["oracle"]["code"]["commit"]
+    assert (f"| 1 | kernel in isolation | done | 2030-01-02 | NVIDIA H200 (sm 9.0) | "
+            f"{(commit or '-')[:12]} |") in first
 
 
 def test_phase_table_names_the_code_each_phase_was_proven_on():
@@ -127,23 +129,108 @@ def test_phase_table_names_the_code_each_phase_was_proven_on():
         recs = {g.stem: _record(g.gate, g.variant) for g in PHASES[n].gates}
         for r in recs.values():
             r["code"] = {"commit": "c0ffee" * 7, "content_hash": digest, "dirty": False}
-        plan.mark_done(state, n, recs, "c0ffee" * 7)
+        plan.mark_done(state, n, recs)
+    state["head_content_hash"] = "bbbb" * 16
     text = plan.render(state, TEMPLATES)
     rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
-    assert rows["| 0"].endswith("| aaaaaaaaaaaa |")
-    assert rows["| 1"].endswith("| bbbbbbbbbbbb |")
-    assert rows["| 2"].endswith("| - |")
+    assert rows["| 0"].endswith("| c0ffeec0ffee | aaaaaaaaaaaa | no: re-prove |")
+    assert rows["| 1"].endswith("| c0ffeec0ffee | bbbbbbbbbbbb | yes |")
+    assert rows["| 2"].endswith("| - | - | - |")
+    assert "- Phase 0 (build + oracle baseline), proven on aaaaaaaaaaaa: `invoke phase0`" in text
+    assert "Phase 1 (kernel" not in text.split("## Phase 0")[0].split("Needs re-proving")[1]
+    # the one commit column is defined before the table
+    preamble = text.split("| phase |")[0]
+    assert "**commit**" in preamble and "**content hash**" in preamble and "**current**" in preamble
 
 
-def test_commit_subject_style():
-    state = _done_state(0, 1, 2, 3)
-    assert plan.commit_subject(state) == (
-        "plans/0002: mark Phase 0-3 done; remaining = cuda-graph safety + defrag"
-    )
-    msg = plan.commit_message(state, 3)
+def test_commit_subject_says_the_change():
+    h = "fe2260e0" + "0" * 56
+    state = _done_state(0, 1, 2, 3, 4)
+    one = [plan.Change(4, "done", h)]
+    assert plan.commit_subject(state, one) == (
+        "plans/0002: mark Phase 4 (cuda-graph safety) done on fe2260e0; remaining = defrag")
+    several = [plan.Change(1, "re-proved", h), plan.Change(2, "re-proved", h), plan.Change(3, "done", h)]
+    assert plan.commit_subject(state, several) == (
+        "plans/0002: re-prove Phase 1-2 on fe2260e0, mark Phase 3 (long-context performance + smoke) "
+        "done on fe2260e0; remaining = defrag")
+    msg = plan.commit_message(state, [plan.Change(3, "done", h)], unchanged=[0])
+    assert "Phase 3 (long-context performance + smoke): done on content hash fe2260e00000" in msg
     assert "- bench-long-context: bench headline (evidence commit " in msg
-    assert plan.commit_subject(_done_state(0, 2, 3)).startswith("plans/0002: mark Phase 0, 2-3 done;")
+    assert "Unchanged (same content hash and results as recorded): Phase 0" in msg
     assert plan.commit_subject(_done_state(*range(6))).endswith("remaining = none")
+    assert plan.commit_subject(_done_state(0)).startswith("plans/0002: re-render from templates/plan.md.j2;")
+
+
+def test_remaining_names_the_missing_gates_of_a_phase_in_progress():
+    state = _done_state(0, 1, 2, 4, 5)
+    plan.mark_done(state, 3, {"bench-long-context": _record("bench", "long-context")},
+                   override_missing=[])
+    assert state["phases"][3]["status"] == "in progress"
+    assert plan.remaining_text(state) == "smoke"
+
+
+def test_machine_local_paths_are_made_relative_or_left_out():
+    rec = _record("build")
+    root = rec["root"]
+    rec["metrics"] = {"library": f"{root}/build/lib/libk.so", "out_dir": "/tmp/bench",
+                      "windows": "C:\\bench", "name": "relative/ok", "bytes": 3}
+    rec["headline"] = f"built {root}/build/lib/libk.so"
+    s = plan.summarize(rec)
+    assert s["metrics"] == {"bytes": 3, "library": "build/lib/libk.so", "name": "relative/ok"}
+    assert s["headline"] == "built build/lib/libk.so"
+
+
+def test_schema_1_state_is_upgraded(tmp_path):
+    state = _done_state(0)
+    old = json.loads(plan.dump_state(state))
+    old["schema"] = 1
+    for key in ("head_content_hash", "markdown_sha256"):
+        del old[key]
+    old["phases"][0]["code_commit"] = "ab" * 20
+    old["phases"][0]["gates"][0]["evidence"]["metrics"]["library"] = "/work/x/build/lib/libk.so"
+    for key in ("plots", "versions"):  # schema 1 summaries had no plot names
+        del old["phases"][0]["gates"][0]["evidence"][key]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(old))
+    loaded = plan.load_state(path)
+    assert loaded["schema"] == plan.STATE_SCHEMA
+    assert "code_commit" not in loaded["phases"][0]
+    assert "library" not in loaded["phases"][0]["gates"][0]["evidence"]["metrics"]
+    assert loaded["phases"][0]["gates"][0]["evidence"]["headline"] == "build headline"
+    assert "/work/x" not in plan.render(loaded, TEMPLATES)  # and it renders
+
+
+def test_same_results_on_new_times_and_commit_are_unchanged():
+    before = _done_state(0)
+    after = json.loads(plan.dump_state(before))
+    recs = {g.stem: _record(g.gate, g.variant, time_utc="2031-05-06T07:08:09Z") for g in PHASES[0].gates}
+    for r in recs.values():
+        r["code"]["commit"] = "1234" * 10
+        r["metrics"]["seconds"] = 99.0  # how long it ran is not a result
+    plan.mark_done(after, 0, recs)
+    assert plan.keep_unchanged(before, after, 0)
+    assert after["phases"][0]["date"] == "2030-01-02"  # the recorded entry is kept
+    recs["build"]["headline"] = "a different figure"
+    plan.mark_done(after, 0, recs)
+    assert not plan.keep_unchanged(before, after, 0)
+    assert plan.change_of(before, after, 0).kind == "re-proved"
+
+
+def test_hand_edit_is_told_from_a_template_change(tmp_path):
+    state = _done_state(0)
+    _, text = plan.render_files(state, TEMPLATES)
+    assert not plan.hand_edited(state, text, TEMPLATES)
+    assert not plan.hand_edited(state, None, TEMPLATES)
+    assert plan.hand_edited(state, text.replace("| done |", "| done!! |"), TEMPLATES)
+    # a new template renders differently, but the file on disk is what the pipeline wrote
+    changed = tmp_path / "t"
+    changed.mkdir()
+    (changed / plan.TEMPLATE).write_text((TEMPLATES / plan.TEMPLATE).read_text() + "\nNew footer.\n")
+    assert not plan.hand_edited(state, text, changed)
+    # a state from before markdown_sha256: the committed markdown is what the pipeline wrote
+    state["markdown_sha256"] = None
+    assert not plan.hand_edited(state, text, changed, committed_text=text)
+    assert plan.hand_edited(state, text + "edit\n", changed, committed_text=text)
 
 
 def test_template_error_names_template(tmp_path):
@@ -153,8 +240,16 @@ def test_template_error_names_template(tmp_path):
     assert plan.TEMPLATE in str(e.value)
 
 
-def test_status_table_lists_every_gate():
-    text = plan.status_table(_done_state(0))
+def test_status_table_lists_every_gate_and_the_stale_phases():
+    state = _done_state(0, 1)
+    proven = plan.phase_hashes(state["phases"][0])[0]
+    text = plan.status_table(state, proven)
     for g in ("build", "oracle-selftest", "bench-micro", "bench-long-context", "graph", "defrag"):
         assert g in text
-    assert "remaining = kernel in isolation" in text
+    assert "remaining = sglang integration" in text
+    assert "needs re-proving: none" in text
+    text = plan.status_table(state, "9" * 64)
+    assert "content hash of src/ and csrc/ here: 999999999999" in text
+    assert ("needs re-proving: Phase 0 (build + oracle baseline, proven on "
+            f"{proven[:12]}); Phase 1 (kernel in isolation, proven on {proven[:12]})") in text
+    assert "no: re-prove" in text.splitlines()[1]

@@ -12,7 +12,14 @@ import pytest
 
 from kdtree_engine.pipeline import evidence, plan
 from kdtree_engine.pipeline.phases import PHASES, Gate, PhaseError
-from kdtree_engine.pipeline.run import GateFailed, PipelineError, record_phase, run_phase
+from kdtree_engine.pipeline.run import (
+    GateFailed,
+    PipelineError,
+    record,
+    record_phase,
+    render_plan,
+    run_phase,
+)
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -63,14 +70,16 @@ def test_phase0_runs_gates_and_commits_plan(project_repo):
     files = git(project_repo, "show", "--name-only", "--format=", "HEAD").split()
     assert sorted(files) == sorted(f"plans/{p.name}" for p in plan.plan_paths(project_repo))
     subject, body = git(project_repo, "log", "-1", "--format=%s%n%b").split("\n", 1)
-    assert subject == ("plans/0002: mark Phase 0 done; remaining = kernel in isolation + "
-                       "sglang integration + long-context performance + smoke + "
-                       "cuda-graph safety + defrag")
+    h = evidence.content_hash(project_repo)
+    assert subject == (f"plans/0002: mark Phase 0 (build + oracle baseline) done on {h[:8]}; "
+                       "remaining = kernel in isolation + sglang integration + long-context "
+                       "performance + smoke + cuda-graph safety + defrag")
     initial = git(project_repo, "rev-parse", "HEAD~1").strip()
     assert f"- build: build ok (evidence commit {initial[:12]}" in body
     state = plan.load_state(plan.plan_paths(project_repo)[0])
     assert state["phases"][0]["status"] == "done"
-    assert state["phases"][0]["code_commit"] == initial
+    assert state["phases"][0]["gates"][0]["evidence"]["commit"] == initial
+    assert state["head_content_hash"] == h
 
 
 def test_stops_at_first_failed_gate(project_repo):
@@ -104,7 +113,7 @@ def test_record_from_evidence_elsewhere(project_repo, tmp_path):
     write_evidence(project_repo, tmp_path / "ev1", 1)
     record_phase(0, tmp_path / "ev0", root=project_repo)
     result = record_phase(1, tmp_path / "ev1", root=project_repo)
-    assert result.message.startswith("plans/0002: mark Phase 0-1 done; remaining = sglang")
+    assert result.message.startswith("plans/0002: mark Phase 1 (kernel in isolation) done on ")
     md = plan.plan_paths(project_repo)[1].read_text()
     assert "| 1 | kernel in isolation | done |" in md and "NVIDIA H200 (sm 9.0)" in md
 
@@ -177,8 +186,10 @@ def test_partial_records_the_gates_with_evidence_and_keeps_the_phase_open(projec
         record_phase(3, tmp_path / "ev3", root=project_repo)
     assert _snapshot(project_repo) == before
     result = record_phase(3, tmp_path / "ev3", root=project_repo, partial=True)
+    h = evidence.content_hash(project_repo)[:8]
     assert result.message.startswith(
-        "plans/0002: mark Phase 0-2 done, Phase 3 in progress; remaining = long-context performance + smoke")
+        f"plans/0002: record Phase 3 (long-context performance + smoke) in progress on {h}; "
+        "remaining = smoke + cuda-graph safety + defrag")
     assert "- bench-long-context: bench-long-context fine" in result.message
     assert "- smoke: no evidence" in result.message
     state = plan.load_state(plan.plan_paths(project_repo)[0])
@@ -209,7 +220,7 @@ def test_partial_still_refuses_bad_or_absent_evidence(project_repo, tmp_path):
 def test_partial_with_every_gate_records_done(project_repo, tmp_path):
     write_evidence(project_repo, tmp_path / "ev", 0)
     result = record_phase(0, tmp_path / "ev", root=project_repo, partial=True)
-    assert result.message.startswith("plans/0002: mark Phase 0 done; remaining")
+    assert result.message.startswith("plans/0002: mark Phase 0 (build + oracle baseline) done on ")
 
 
 def test_dirty_sources_are_refused(project_repo, tmp_path):
@@ -247,3 +258,143 @@ def test_real_noxfile_gpu_session_fails_without_cuda():
     listed = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=PROJECT, capture_output=True,
                             text=True, timeout=120).stdout
     assert "* tests" in listed and "- oracle-selftest" in listed and "- graph [gpu]" in listed
+
+
+def _count(root: Path) -> int:
+    return int(git(root, "rev-list", "--count", "HEAD"))
+
+
+def test_repeat_with_same_results_makes_no_commit(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    record_phase(0, tmp_path / "ev", root=project_repo)
+    # the same gates again, later and on the plan commit: new times and commit only
+    write_evidence(project_repo, tmp_path / "again", 0, time_utc="2099-01-01T00:00:00Z")
+    before = _snapshot(project_repo)
+    result = record_phase(0, tmp_path / "again", root=project_repo)
+    assert result.skipped and result.commit is None and result.unchanged == (0,)
+    h = evidence.content_hash(project_repo)
+    assert result.message == (f"Phase 0 unchanged: the evidence proves the same content hash "
+                              f"({h[:12]}) with the same results as recorded; nothing to commit")
+    assert _snapshot(project_repo) == before
+
+
+def test_new_results_on_the_same_code_re_prove(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    record_phase(0, tmp_path / "ev", root=project_repo)
+    write_evidence(project_repo, tmp_path / "new", 0, headline="a better figure")
+    result = record_phase(0, tmp_path / "new", root=project_repo)
+    h = evidence.content_hash(project_repo)
+    assert result.commit and git(project_repo, "log", "-1", "--format=%s").startswith(
+        f"plans/0002: re-prove Phase 0 on {h[:8]}; remaining = kernel in isolation")
+    assert "a better figure" in plan.plan_paths(project_repo)[1].read_text()
+
+
+def test_one_recording_of_every_phase_is_one_commit(project_repo, tmp_path):
+    ev = tmp_path / "ev"
+    for n in range(6):
+        write_evidence(project_repo, ev, n)
+    (ev / "smoke.json").unlink()  # the GPU host has no server
+    start = _count(project_repo)
+    with pytest.raises(PipelineError, match="phase 4 needs phase.s. 3"):
+        record(ev, root=project_repo)  # phase 3 is not complete; without --partial it is left out
+    assert _count(project_repo) == start
+    result = record(ev, root=project_repo, partial=True, override=True)
+    assert _count(project_repo) == start + 1
+    h = evidence.content_hash(project_repo)[:8]
+    subject = result.message.splitlines()[0]
+    assert subject == (f"plans/0002: mark Phase 0-2, 4-5 done on {h}, record Phase 3 (long-context "
+                       f"performance + smoke) in progress on {h}; remaining = smoke")
+    state = plan.load_state(plan.plan_paths(project_repo)[0])
+    assert [p["status"] for p in state["phases"]] == ["done"] * 3 + ["in progress"] + ["done"] * 2
+    assert state["phases"][4]["override_missing"] == [3]
+    files = git(project_repo, "show", "--name-only", "--format=", "HEAD").split()
+    assert all(f.startswith("plans/") for f in files)
+    # the same folder again: nothing changed, nothing committed
+    again = record(ev, root=project_repo, partial=True, override=True)
+    assert again.skipped and again.unchanged == tuple(range(6)) and _count(project_repo) == start + 1
+
+
+def test_partial_does_not_reopen_a_done_phase(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev0", 0)
+    record_phase(0, tmp_path / "ev0", root=project_repo)
+    ev = tmp_path / "gpu"
+    write_evidence(project_repo, ev, 1)  # build.json is there, oracle-selftest.json is not
+    result = record(ev, root=project_repo, partial=True)
+    assert any(n.startswith("phase 0: not recorded, it is done") for n in result.notes)
+    state = plan.load_state(plan.plan_paths(project_repo)[0])
+    assert state["phases"][0]["status"] == "done" and state["phases"][1]["status"] == "done"
+
+
+def test_hand_edit_is_refused_and_kept(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    record_phase(0, tmp_path / "ev", root=project_repo)
+    md = plan.plan_paths(project_repo)[1]
+    md.write_text(md.read_text().replace("| done |", "| done (checked by hand) |"))
+    write_evidence(project_repo, tmp_path / "new", 0, headline="another figure")
+    before = _snapshot(project_repo)
+    for call in (lambda: record_phase(0, tmp_path / "new", root=project_repo),
+                 lambda: render_plan(commit=True, root=project_repo)):
+        with pytest.raises(PipelineError) as e:
+            call()
+        assert f"plans/{md.name} differs from what plans/{plan.PLAN_STEM}.state.json renders" in str(e.value)
+        assert "edited by hand" in str(e.value) and "nothing was changed" in str(e.value)
+        assert _snapshot(project_repo) == before
+    assert "done (checked by hand)" in md.read_text()
+    assert not list(md.parent.glob(".*.tmp"))
+
+
+def test_template_change_is_not_a_hand_edit(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    record_phase(0, tmp_path / "ev", root=project_repo)
+    tpl = project_repo / "templates" / plan.TEMPLATE
+    tpl.write_text(tpl.read_text() + "\nA new footer.\n")
+    git(project_repo, "commit", "-qam", "template: footer")
+    result = render_plan(commit=True, root=project_repo)
+    assert result.commit and plan.plan_paths(project_repo)[1].read_text().endswith("A new footer.\n")
+
+
+def test_stale_phase_is_shown_after_the_code_changes(project_repo, tmp_path):
+    write_evidence(project_repo, tmp_path / "ev", 0)
+    record_phase(0, tmp_path / "ev", root=project_repo)
+    old = evidence.content_hash(project_repo)
+    (project_repo / "csrc" / "kernel.cu").write_text("// faster\n")
+    git(project_repo, "commit", "-qam", "kernel: faster")
+    render_plan(commit=True, root=project_repo)
+    md = plan.plan_paths(project_repo)[1].read_text()
+    assert f"| {old[:12]} | no: re-prove |" in md
+    new = evidence.content_hash(project_repo)
+    assert f"Needs re-proving on {new[:12]}:" in md
+    assert f"- Phase 0 (build + oracle baseline), proven on {old[:12]}: `invoke phase0`" in md
+
+
+def test_recorded_plan_has_no_machine_local_path(project_repo, tmp_path):
+    ev = tmp_path / "ev"
+    for g in PHASES[0].gates:
+        rec = evidence.make_record(g.gate, True, {"library": str(project_repo / "build" / "lib" / "k.so"),
+                                                  "out_dir": str(tmp_path / "bench")},
+                                   f"{g.stem} at {project_repo}/build", device=None, root=project_repo)
+        evidence.write_record(rec, ev)
+    record_phase(0, ev, root=project_repo)
+    for p in plan.plan_paths(project_repo):
+        text = p.read_text()
+        assert str(tmp_path) not in text and str(project_repo) not in text
+    assert "library = build/lib/k.so" in plan.plan_paths(project_repo)[1].read_text()
+
+
+def test_bench_plots_are_committed_and_linked(project_repo, tmp_path):
+    ev = tmp_path / "results" / "ev"
+    write_evidence(project_repo, ev, 0)
+    bench = tmp_path / "results" / "bench"  # as a GPU session packs them: beside ev/
+    bench.mkdir()
+    (bench / "micro-time.png").write_bytes(b"\x89PNG fake")
+    rec = evidence.load_record(ev / "build.json")
+    rec["details"] = {"files": {"png": ["/elsewhere/bench/micro-time.png", "/elsewhere/gone.png"]},
+                      "markdown_table": "| case | us |\n|---|---|\n| a | 1 |"}
+    evidence.write_record(rec, ev)
+    result = record_phase(0, ev, root=project_repo)
+    files = git(project_repo, "show", "--name-only", "--format=", "HEAD").split()
+    assert f"plans/{plan.PLOTS_DIR}/micro-time.png" in files
+    assert (project_repo / "plans" / plan.PLOTS_DIR / "micro-time.png").read_bytes() == b"\x89PNG fake"
+    assert f"[micro-time.png]({plan.PLOTS_DIR}/micro-time.png)" in plan.plan_paths(project_repo)[1].read_text()
+    assert f"plots: plans/{plan.PLOTS_DIR}/micro-time.png" in result.message
+    assert "gone.png" not in result.message

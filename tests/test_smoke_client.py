@@ -141,3 +141,28 @@ def test_wait_ready_stops_when_process_exits():
                    poll_s=0.01, alive=alive)
     assert not r.ready and "exited with code 3" in r.stopped_because
     assert any("connection refused" in k for k in r.errors)
+
+
+def test_wait_ready_reports_progress_while_waiting():
+    lines: list[str] = []
+    url = f"http://127.0.0.1:{closed_port()}"
+    r = wait_ready(SmokeClient(url), deadline_s=0.5, poll_s=0.02, request_timeout_s=0.1,
+                   progress=lines.append, progress_every_s=0.1)
+    assert not r.ready
+    assert 2 <= len(lines) <= 6  # about one line per 0.1 s of a 0.5 s wait, not one per poll
+    assert lines[0].startswith(f"waiting for {url}: not ready after ")
+    assert "polls; last: GET /health: connection refused)" in lines[0]
+
+
+def test_smoke_gate_against_a_refused_port_says_it_is_waiting(tmp_path, capsys, monkeypatch):
+    from kdtree_engine.smoke import client, gate
+
+    monkeypatch.setattr(client, "PROGRESS_EVERY_S", 0.3)  # the gate's default is a few seconds
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    code = gate.main(["--url", url, "--ready-timeout", "1.2", "--poll", "0.05",
+                      "--evidence-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"smoke: waiting for {url}: not ready after" in err
+    assert "connection refused" in err

@@ -38,7 +38,9 @@ def test_invoke_phase0_records_one_commit_touching_only_plans(project_repo):
     files = git(project_repo, "show", "--name-only", "--format=", "HEAD").split()
     assert files and all(f.startswith("plans/") for f in files)
     subject = git(project_repo, "log", "-1", "--format=%s").strip()
-    assert subject.startswith("plans/0002: mark Phase 0 done; remaining = kernel in isolation")
+    h = evidence.content_hash(project_repo)
+    assert subject.startswith(f"plans/0002: mark Phase 0 (build + oracle baseline) done on {h[:8]}; "
+                              "remaining = kernel in isolation")
     assert f"committed {git(project_repo, 'rev-parse', 'HEAD')[:12]}" in out.stdout
     assert (project_repo / "build" / "evidence" / "oracle-selftest.json").exists()
     # invoke status reads the recorded plan and changes nothing.
@@ -47,7 +49,47 @@ def test_invoke_phase0_records_one_commit_touching_only_plans(project_repo):
     assert status.returncode == 0
     assert "0 build + oracle baseline" in status.stdout and "done" in status.stdout
     assert "oracle-selftest     pass    oracle-selftest fine" in status.stdout
+    assert "needs re-proving: none" in status.stdout
     assert _snapshot(project_repo) == before
+    # the same phase again: same content hash, same results -> no commit, and it says so
+    again = invoke(project_repo, "phase0")
+    assert again.returncode == 0, again.stderr
+    assert git(project_repo, "rev-list", "--count", f"{head}..HEAD").strip() == "1"
+    assert f"Phase 0 unchanged: the evidence proves the same content hash ({h[:12]})" in again.stdout
+    assert _snapshot(project_repo) == before
+
+
+def test_invoke_status_lists_stale_phases(project_repo):
+    assert invoke(project_repo, "phase0").returncode == 0
+    old = evidence.content_hash(project_repo)
+    (project_repo / "csrc" / "kernel.cu").write_text("// new kernel\n")
+    git(project_repo, "commit", "-qam", "new kernel")
+    status = invoke(project_repo, "status")
+    assert status.returncode == 0, status.stderr
+    new = evidence.content_hash(project_repo)
+    assert f"content hash of src/ and csrc/ here: {new[:12]} (HEAD)" in status.stdout
+    assert f"needs re-proving: Phase 0 (build + oracle baseline, proven on {old[:12]})" in status.stdout
+
+
+def test_invoke_record_one_commit_and_hand_edit_refused(project_repo, tmp_path):
+    ev = tmp_path / "ev"
+    for gate in ("build", "oracle-selftest"):
+        evidence.write_record(evidence.make_record(gate, True, {}, f"{gate} ok", device=None,
+                                                   root=project_repo), ev)
+    assert invoke(project_repo, "record").returncode == 2
+    head = git(project_repo, "rev-parse", "HEAD").strip()
+    out = invoke(project_repo, "record", "--evidence", str(ev))
+    assert out.returncode == 0, out.stderr
+    assert git(project_repo, "rev-list", "--count", f"{head}..HEAD").strip() == "1"
+    md = plan.plan_paths(project_repo)[1]
+    md.write_text(md.read_text() + "my note\n")
+    evidence.write_record(evidence.make_record("build", True, {}, "build better", device=None,
+                                               root=project_repo), ev)
+    before = _snapshot(project_repo)
+    out = invoke(project_repo, "record", "--evidence", str(ev))
+    assert out.returncode == 2
+    assert f"plans/{md.name} differs from what" in out.stderr and "edited by hand" in out.stderr
+    assert _snapshot(project_repo) == before and md.read_text().endswith("my note\n")
 
 
 def test_invoke_phase0_failed_gate_exits_nonzero_and_changes_nothing(project_repo):
@@ -90,7 +132,7 @@ def test_invoke_partial_needs_evidence_and_records_what_is_there(project_repo, t
     evidence.write_record(rec, tmp_path / "ev")
     out = invoke(project_repo, "phase0", "--evidence", str(tmp_path / "ev"), "--partial")
     assert out.returncode == 0, out.stderr
-    assert "Phase 0 in progress" in out.stdout
+    assert "record Phase 0 (build + oracle baseline) in progress on" in out.stdout
     assert "| 0 | build + oracle baseline | in progress |" in plan.plan_paths(project_repo)[1].read_text()
 
 

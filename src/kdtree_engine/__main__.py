@@ -1,7 +1,9 @@
 """``python -m kdtree_engine <gate> [args]``: run one gate and write its evidence.
 
 Every nox gate session calls this, so a gate runs the same way with or without
-nox (and with ``nox --no-venv`` on a GPU host that cannot build venvs).
+nox (and with ``nox --no-venv`` on a GPU host that cannot build venvs). A
+gate's arguments are checked first (:func:`check_args`), before any GPU or
+server is looked for; nox's gate sessions call the same check.
 """
 
 from __future__ import annotations
@@ -21,6 +23,25 @@ GATES: dict[str, str] = {
     "defrag": "kdtree_engine.defrag.gate:main",
 }
 
+#: gate name -> "module:function" that checks its arguments without a GPU, files or
+#: a server and returns what is wrong (None when nothing is).
+CHECKS: dict[str, str] = {
+    "bench": "kdtree_engine.bench.gate:check_args",
+}
+
+
+def check_args(name: str, argv: list[str]) -> str | None:
+    """What is wrong with ``python -m kdtree_engine <name> <argv>``, or None: the gate
+    name, then the gate's own arguments (a bench suite or system named in
+    :mod:`kdtree_engine.bench.suites`). Pure: reads no device, writes nothing."""
+    if name not in GATES:
+        return f"unknown gate {name!r}; expected one of: {', '.join(GATES)}"
+    spec = CHECKS.get(name)
+    if spec is None:
+        return None
+    module, func = spec.split(":")
+    return getattr(importlib.import_module(module), func)(list(argv))
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -28,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m kdtree_engine <gate> [args]\ngates: " + ", ".join(GATES))
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in GATES:
-        print(f"kdtree: unknown gate {name!r}; expected one of: {', '.join(GATES)}", file=sys.stderr)
+    problem = check_args(name, rest)
+    if problem:
+        prefix = f"kdtree {name}" if name in GATES else "kdtree"
+        print(f"{prefix}: {problem}", file=sys.stderr)
         return 2
     module, func = GATES[name].split(":")
     return int(getattr(importlib.import_module(module), func)(rest) or 0)

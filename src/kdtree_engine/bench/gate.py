@@ -277,7 +277,7 @@ def _metrics(suite: Suite, run: dict[str, Any], out_dir: Path) -> dict[str, Any]
     return m
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kdtree bench", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="micro", help=f"one of {', '.join(suites_mod.SUITES)} (default: micro)")
     ap.add_argument("--systems", default=None,
@@ -288,15 +288,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--evidence-dir", type=Path, default=None)
     ap.add_argument("--list", action="store_true", help="list the suite's cases and exit")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _validated(args: argparse.Namespace) -> tuple[Suite, tuple[str, ...]]:
+    """The suite and systems ``args`` name (from :mod:`~kdtree_engine.bench.suites`);
+    ValueError naming the bad argument, what was expected and what came."""
+    suite = suites_mod.get_suite(args.suite)
+    systems = suites_mod.parse_systems(args.systems, suite)
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise ValueError(f"--budget-s: expected a positive number of seconds, got {args.budget_s}")
+    return suite, systems
+
+
+def check_args(argv: list[str]) -> str | None:
+    """What is wrong with the bench arguments ``argv``, or None: pure (no GPU, no
+    files), so nox and the module entry point report a bad suite or system first."""
+    ap = _parser()
+
+    def error(message: str) -> None:
+        raise ValueError(message)
+
+    ap.error = error  # type: ignore[method-assign]
     try:
-        suite = suites_mod.get_suite(args.suite)
-        systems = suites_mod.parse_systems(args.systems, suite)
+        if any(a in ("-h", "--help") for a in argv):
+            return None
+        _validated(ap.parse_args(argv))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        suite, systems = _validated(args)
     except ValueError as e:
         print(f"bench: {e}", file=sys.stderr)
-        return 2
-    if args.budget_s is not None and not args.budget_s > 0:
-        print(f"bench: --budget-s: expected a positive number of seconds, got {args.budget_s}", file=sys.stderr)
         return 2
     if args.list:
         for c in suite.cases:

@@ -6,8 +6,10 @@ Files under the output folder, named after the suite:
   its correctness check, floors, measured ceilings, targets, missing peers);
 - ``<suite>.md``: the table (primary figures: CUDA-graph replay, microseconds
   per verify call), the eager table, the targets and the notes;
-- ``<suite>-time.png``: time against prefix length per system (log scales);
-- ``<suite>-speedup.png``: speedup over SGLang's extend path (its time / ours).
+- ``<suite>-time.png``: one group of bars per case (its name under it), one bar
+  per system, microseconds (log scale), each bar labelled with its value;
+- ``<suite>-speedup.png``: per case, SGLang extend's time / ours (tree) and
+  FlashMLA's / ours (chain); for the graph suite eager / replay.
 
 Plots need matplotlib (Agg backend); without it the report says so and the
 JSON and markdown are still written; ``python -m kdtree_engine.bench.report
@@ -204,39 +206,46 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot_series(report: dict[str, Any]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list]]:
-    """(time series, speedup series): label -> [(prefix, value)] per connected line."""
+def _plot_series(report: dict[str, Any]) -> tuple[list[str], dict[str, list[float | None]],
+                                                 dict[str, list[float | None]]]:
+    """(case names, time series, speedup series): each series is one value (or
+    None) per case, in case order, so every bar sits above its case's name."""
     t = _results(report)
-    times: dict[str, list[tuple[float, float]]] = {}
-    speed: dict[str, list[tuple[float, float]]] = {}
     kind = report["kind"]
-    for c in report["cases"]:
-        grp = c["series"]
+    names = [c["name"] for c in report["cases"]]
+    times: dict[str, list[float | None]] = {}
+    speed: dict[str, list[float | None]] = {}
+
+    def put(series: dict[str, list[float | None]], label: str, i: int, v: float | None) -> None:
+        if v is not None:
+            series.setdefault(label, [None] * len(names))[i] = v
+
+    for i, c in enumerate(report["cases"]):
         if kind == "graph":
             r = t.get(c["name"], "ours", c["masks"][0])
             if r is not None and r.status == "ok":
-                for mode, v in (("eager", r.eager_us), ("graph replay", r.replay_us)):
-                    if v is not None:
-                        times.setdefault(f"ours {mode}|{grp}", []).append((c["prefix"], v))
+                put(times, "ours eager", i, r.eager_us)
+                put(times, "ours graph replay", i, r.replay_us)
+                if r.eager_us and r.replay_us:
+                    put(speed, "eager / graph replay", i, r.eager_us / r.replay_us)
             continue
-        fl = (report["floors"].get(c["name"]) or {}).get("floor_us")
-        if fl is not None and kind == "compare":
-            times.setdefault(f"floor|{grp}", []).append((c["prefix"], fl))
-        ext = t.time(c["name"], "sglang-extend", "tree")
         for system, mask, label in COLUMNS:
-            v = t.time(c["name"], system, mask)
-            if v is None:
-                continue
-            lab = label if kind == "compare" else f"{label} {c['layout']}"
-            key = f"{lab}|{grp}" if kind == "compare" else f"{lab}|{c['bs']}-{c['n']}-{c['heads']}"
-            times.setdefault(key, []).append((c["prefix"], v))
-            if system == "ours" and ext is not None:
-                speed.setdefault(key, []).append((c["prefix"], ext / v))
-    return times, speed
+            put(times, label, i, t.time(c["name"], system, mask))
+        if kind == "compare":
+            put(times, "floor", i, (report["floors"].get(c["name"]) or {}).get("floor_us"))
+        tree, chain = t.time(c["name"], "ours", "tree"), t.time(c["name"], "ours", "chain")
+        ext, fla = t.time(c["name"], "sglang-extend", "tree"), t.time(c["name"], "flashmla", "chain")
+        if ext is not None and tree:
+            put(speed, "SGLang extend / ours tree", i, ext / tree)
+        if fla is not None and chain:
+            put(speed, "FlashMLA / ours chain", i, fla / chain)
+    return names, times, speed
 
 
 def plots(report: dict[str, Any], out_dir: Path) -> tuple[list[Path], list[str]]:
-    """Write the PNGs; returns (paths written, notes on what was not drawn)."""
+    """Write the PNGs: one group of bars per case, the case name under it, one bar
+    per system (time) or per peer ratio (speedup), each bar labelled with its
+    value. Returns (paths written, notes on what was not drawn)."""
     try:
         import matplotlib
 
@@ -244,38 +253,35 @@ def plots(report: dict[str, Any], out_dir: Path) -> tuple[list[Path], list[str]]
         import matplotlib.pyplot as plt
     except Exception as e:
         return [], [f"matplotlib is not available ({type(e).__name__}: {e}): no PNG plots written"]
-    times, speed = _plot_series(report)
+    names, times, speed = _plot_series(report)
     written, skipped = [], []
-    for what, series, ylabel in (("time", times, "microseconds per verify call"),
-                                 ("speedup", speed, "SGLang extend time / ours")):
+    for what, series, ylabel, title in (
+        ("time", times, "microseconds per verify call (log)", "time per case"),
+        ("speedup", speed, "peer time / ours (log; > 1: ours faster)", "speedup of ours per case"),
+    ):
         if not series:
             skipped.append(f"{what} plot: no figures to draw"
-                           + (" (no SGLang extend figures)" if what == "speedup" else ""))
+                           + (" (no SGLang extend or FlashMLA figures)" if what == "speedup" else ""))
             continue
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        groups = sorted({k.split("|", 1)[1] for k in series})
-        by_group = 1 < len(groups) <= 4  # few series per system: name them; many: one entry per system
-        markers = "osD^v<>p*h"
-        colors: dict[str, Any] = {}
+        width = 0.8 / len(series)
+        fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(names) * max(1, len(series)) / 3 + 3), 6))
         cmap = plt.get_cmap("tab10")
-        labelled: set[str] = set()
-        for key, pts in sorted(series.items()):
-            label, grp = key.split("|", 1)
-            colors.setdefault(label, "gray" if label == "floor" else cmap(len(colors) % 10))
-            name = f"{label} ({grp})" if by_group else label
-            pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[groups.index(grp) % len(markers)],
-                    markersize=4, color=colors[label], linestyle="--" if label == "floor" else "-",
-                    label=None if name in labelled else name)
-            labelled.add(name)
+        for j, (label, values) in enumerate(series.items()):
+            xs = [i + (j - (len(series) - 1) / 2) * width for i, v in enumerate(values) if v is not None]
+            vs = [v for v in values if v is not None]
+            bars = ax.bar(xs, vs, width, label=label, color="lightgray" if label == "floor" else cmap(j % 10),
+                          edgecolor="black", linewidth=0.3)
+            ax.bar_label(bars, labels=[f"{v:.0f}" if v >= 100 else f"{v:.3g}" for v in vs], fontsize=6, rotation=90, padding=2)
         if what == "speedup":
-            ax.axhline(50, color="red", linestyle=":", linewidth=1, label="50x (long-context target)")
-        ax.set_xscale("log", base=2)
+            ax.axhline(1, color="black", linewidth=0.8)
+            if report["kind"] == "compare":
+                ax.axhline(50, color="red", linestyle=":", linewidth=1, label="50x (long-context target)")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
-        ax.set_xlabel("prefix length (cached tokens per request)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"bench {report['suite']}: {'time' if what == 'time' else 'speedup over SGLang extend'}")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(f"bench {report['suite']}: {title}")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8)
         path = out_dir / f"{report['suite']}-{what}.png"
         fig.tight_layout()

@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if mma:
         headline += "; SASS MMA " + ", ".join(f"{a}={n}" for a, n in mma.items())
+    else:
+        headline += "; SASS not counted (no cuobjdump)"
     metrics = {
         "archs": res.archs,
         "nvcc": res.nvcc,

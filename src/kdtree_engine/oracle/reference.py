@@ -1,4 +1,4 @@
-"""fp32 reference of the verify step, written from the math of DESIGN section 4.
+"""fp32 reference of the verify step, written from the math of docs/design.md section 4.
 
 For request b with prefix length L and N drafts, keys are the L prefix latents
 (``kv_buffer[kv_indices[kv_indptr[b] + i]]``) followed by the N drafts' own

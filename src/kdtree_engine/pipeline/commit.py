@@ -9,6 +9,7 @@ HEAD back exactly as they were.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,14 +77,28 @@ def preflight(root: Path, paths: list[Path]) -> git.Repo:
     return repo
 
 
+def _data(content: str | bytes) -> bytes:
+    return content if isinstance(content, bytes) else content.encode()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a temporary file beside it, then a rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_and_commit(
     root: Path,
-    contents: dict[Path, str],
+    contents: dict[Path, str | bytes],
     message: str,
     *,
     commit: bool = True,
 ) -> CommitResult:
-    """Write ``contents`` (path -> text) and, when ``commit``, commit exactly those
+    """Write ``contents`` (path -> text or bytes), each file atomically, and, when ``commit``, commit exactly those
     files. On any error the files, the index and HEAD are restored and
     :class:`CommitError` is raised."""
     root = root.resolve()
@@ -93,7 +108,7 @@ def write_and_commit(
     index_path = Path(repo.index.path) if repo is not None else None
     index_before = index_path.read_bytes() if index_path and index_path.exists() else None
     head_before = repo.head.commit.hexsha if repo is not None and repo.head.is_valid() else None
-    changed = any(before[p] != text.encode() for p, text in contents.items())
+    changed = any(before[Path(p).resolve()] != _data(c) for p, c in contents.items())
 
     def restore() -> None:
         for p, data in before.items():
@@ -119,11 +134,11 @@ def write_and_commit(
     made_dirs: list[Path] = []
 
     try:
-        for p, text in contents.items():
+        for p, content in zip(paths, contents.values(), strict=True):
             missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
             p.parent.mkdir(parents=True, exist_ok=True)
             made_dirs += [d for d in reversed(missing) if d not in made_dirs]
-            p.write_text(text)
+            _write_atomic(p, _data(content))
         if repo is None:
             return CommitResult(None, changed, skipped=False)
         rel = _rel(root, paths)

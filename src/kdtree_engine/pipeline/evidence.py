@@ -196,6 +196,9 @@ def make_record(
         "versions": versions(),
         "code": {"commit": commit, "dirty": dirty, "content_hash": content_hash(root)},
         "host": platform.node(),
+        # Where the gate ran: lets the plan make paths in metrics relative (the
+        # evidence file itself is not committed; the plan keeps nothing machine-local).
+        "root": str(root.resolve()),
         "time_utc": now_utc(),
     }
 

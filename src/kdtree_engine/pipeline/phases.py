@@ -1,4 +1,4 @@
-"""The phase -> gates table (DESIGN section 3).
+"""The phase -> gates table (docs/design.md section 3).
 
 One name per idea: a gate's ``session`` is the nox session that runs it, its
 ``stem`` the evidence file (``<stem>.json``) and the plan row. A gate with a

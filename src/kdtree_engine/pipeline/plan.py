@@ -1,14 +1,25 @@
 """Plan state (JSON beside the plan) and its rendering to markdown with jinja2.
 
-The state holds, per phase, its status, date, GPU, code commit, whether it was
-recorded with ``--override``, and per gate the latest evidence summary. The
-markdown is a pure function of the state and the template: no wall clock, so
-the same state renders to the same bytes.
+The state holds, per phase, its status, date, GPU, whether it was recorded
+with ``--override``, and per gate a summary of its evidence (docs/design.md
+section 7). It also holds the content hash of ``src/`` and ``csrc/`` at the
+last recording (``head_content_hash``), against which the plan says which
+phases are current, and the sha256 of the markdown it rendered
+(``markdown_sha256``), by which a hand edit of the markdown is told from a
+template change. The markdown is a pure function of the state and the
+template: no wall clock, so the same state renders to the same bytes.
+
+Nothing machine-local goes in: absolute paths in metrics become relative to
+the repository the gate ran in, or are left out.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +32,20 @@ PLAN_ID = "0002"
 PLAN_STEM = "0002-sm120-verify-kernel-defrag"
 PLAN_TITLE = "Tree-verify MLA kernel (sm_120 first), SGLang integration, KV defrag"
 TEMPLATE = "plan.md.j2"
-STATE_SCHEMA = 1
+#: Folder beside the plan holding the bench plots its commits link (plans/<this>/).
+PLOTS_DIR = f"{PLAN_ID}-figures"
+#: 2: no per-phase ``code_commit`` (the evidence's commit is the one commit shown),
+#: ``head_content_hash`` and ``markdown_sha256``. A schema-1 state is read and upgraded.
+STATE_SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 STATUSES = ("todo", "in progress", "done", "failed")
 MAX_KEY_METRICS = 8
+#: Metrics that describe the run rather than what it proved (how long it took,
+#: whether it recompiled, where it wrote its report): a difference in these alone
+#: never makes a phase "changed".
+RUN_METRICS = frozenset({"seconds", "rebuilt", "out_dir"})
+#: Summary fields that say when and from which commit, not what was proven.
+RUN_FIELDS = frozenset({"time_utc", "commit"})
 
 
 class PlanError(ValueError):
@@ -36,6 +58,11 @@ def plan_paths(root: Path | None = None) -> tuple[Path, Path]:
     return root / "plans" / f"{PLAN_STEM}.state.json", root / "plans" / f"{PLAN_STEM}.md"
 
 
+def rel_paths() -> tuple[str, str]:
+    """(state file, markdown) relative to the repository, for messages."""
+    return f"plans/{PLAN_STEM}.state.json", f"plans/{PLAN_STEM}.md"
+
+
 def _phase_entry(p: Phase) -> dict[str, Any]:
     return {
         "number": p.number,
@@ -44,7 +71,6 @@ def _phase_entry(p: Phase) -> dict[str, Any]:
         "status": "todo",
         "date": None,
         "gpu": None,
-        "code_commit": None,
         "override": False,
         "override_missing": [],
         "gates": [
@@ -61,28 +87,33 @@ def new_state() -> dict[str, Any]:
         "schema": STATE_SCHEMA,
         "plan": PLAN_STEM,
         "title": PLAN_TITLE,
+        "head_content_hash": None,
+        "markdown_sha256": None,
         "phases": [_phase_entry(p) for p in PHASES],
     }
 
 
 def _check_state(state: Any, where: str) -> dict[str, Any]:
     """Validate a loaded state and bring its phase definitions in line with the table,
-    keeping the recorded fields."""
+    keeping the recorded fields (a schema-1 state is upgraded: its per-phase
+    ``code_commit`` is dropped and machine-local paths are taken out)."""
     if not isinstance(state, dict):
         raise PlanError(f"{where}: expected a JSON object, got {type(state).__name__}")
-    if state.get("schema") != STATE_SCHEMA:
-        raise PlanError(f"{where}: schema {state.get('schema')!r}, expected {STATE_SCHEMA}")
+    if state.get("schema") not in READABLE_SCHEMAS:
+        raise PlanError(f"{where}: schema {state.get('schema')!r}, expected one of {list(READABLE_SCHEMAS)}")
     phases = state.get("phases")
     if not isinstance(phases, list) or len(phases) != len(PHASES):
         raise PlanError(f"{where}: 'phases' must be a list of {len(PHASES)} phases (0-{len(PHASES) - 1})")
     fresh = new_state()
+    for key in ("head_content_hash", "markdown_sha256"):
+        fresh[key] = state.get(key)
     for i, (old, new) in enumerate(zip(phases, fresh["phases"], strict=True)):
         if not isinstance(old, dict) or old.get("number") != i:
             raise PlanError(f"{where}: phases[{i}] must be an object with number {i}")
         status = old.get("status")
         if status not in STATUSES:
             raise PlanError(f"{where}: phase {i} status {status!r}, expected one of {list(STATUSES)}")
-        for key in ("status", "date", "gpu", "code_commit"):
+        for key in ("status", "date", "gpu"):
             new[key] = old.get(key)
         new["override"] = bool(old.get("override", False))
         new["override_missing"] = list(old.get("override_missing") or [])
@@ -91,6 +122,11 @@ def _check_state(state: Any, where: str) -> dict[str, Any]:
             ev = old_gates.get(g["name"], {}).get("evidence")
             if ev is not None and not isinstance(ev, dict):
                 raise PlanError(f"{where}: phase {i} gate {g['name']} evidence must be an object or null")
+            if ev is not None:
+                ev = dict(ev)
+                ev["metrics"] = local_free_metrics(ev.get("metrics") or {}, None)
+                ev.setdefault("plots", [])  # schema 1 kept no plot names
+                ev.setdefault("versions", {})
             g["evidence"] = ev
     return fresh
 
@@ -123,12 +159,48 @@ def _is_scalar(v: Any) -> bool:
     return isinstance(v, (str, int, float, bool)) or v is None
 
 
+_ABS_PATH = re.compile(r"^(/|[A-Za-z]:[\\/]|\\\\)")
+
+
+def local_free(value: Any, root: str | None) -> tuple[bool, Any]:
+    """(keep, value) for one metric: an absolute path under ``root`` becomes relative
+    to it; any other absolute path is left out (keep False)."""
+    if not isinstance(value, str) or not _ABS_PATH.match(value):
+        return True, value
+    if root:
+        base = root.rstrip("/\\")
+        if value == base:
+            return True, "."
+        if value.startswith(base + "/"):
+            return True, value[len(base) + 1:]
+    return False, None
+
+
+def local_free_metrics(metrics: dict[str, Any], root: str | None) -> dict[str, Any]:
+    out = {}
+    for k, v in metrics.items():
+        keep, v = local_free(v, root)
+        if keep:
+            out[k] = v
+    return out
+
+
+def _local_free_text(text: str, root: str | None) -> str:
+    """A headline with the gate's repository root taken out of any path in it."""
+    if root:
+        text = text.replace(root.rstrip("/") + "/", "")
+    return text
+
+
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
     """The part of an evidence record the plan keeps: pass/fail, headline, up to
-    eight scalar metrics, device, commit, content hash, time, and the bench gate's
-    markdown table when it carries one."""
+    eight scalar metrics (machine-local paths made relative or left out), device,
+    commit, content hash, time, versions, the names of its plots and the bench
+    gate's markdown table when it carries one."""
+    root = record.get("root")
     metrics = record.get("metrics") or {}
     key_metrics = {k: metrics[k] for k in sorted(metrics) if _is_scalar(metrics[k])}
+    key_metrics = local_free_metrics(key_metrics, root)
     key_metrics = dict(list(key_metrics.items())[:MAX_KEY_METRICS])
     dev = record.get("device")
     if isinstance(dev, dict) and dev.get("name"):
@@ -138,9 +210,12 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
     code = record.get("code") or {}
     details = record.get("details") or {}
     table = details.get("markdown_table") if isinstance(details, dict) else None
+    files = details.get("files") if isinstance(details, dict) else None
+    pngs = files.get("png") if isinstance(files, dict) else None
+    plots = sorted({Path(str(p)).name for p in pngs}) if isinstance(pngs, list) else []
     return {
         "passed": bool(record.get("passed")),
-        "headline": str(record.get("headline") or ""),
+        "headline": _local_free_text(str(record.get("headline") or ""), root),
         "reason": record.get("reason"),
         "metrics": key_metrics,
         "device": device,
@@ -148,7 +223,28 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
         "content_hash": code.get("content_hash"),
         "time_utc": record.get("time_utc"),
         "versions": {k: v for k, v in sorted((record.get("versions") or {}).items()) if v},
+        "plots": plots,
         "markdown_table": table.strip() if isinstance(table, str) and table.strip() else None,
+    }
+
+
+def result_key(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a gate's summary proved, without when, from which commit or how long
+    it took: two summaries with the same key record the same result."""
+    if summary is None:
+        return None
+    key = {k: v for k, v in summary.items() if k not in RUN_FIELDS}
+    key["metrics"] = {k: v for k, v in (summary.get("metrics") or {}).items() if k not in RUN_METRICS}
+    key.setdefault("plots", [])
+    return key
+
+
+def phase_key(entry: dict[str, Any]) -> dict[str, Any]:
+    """What a phase entry records, for telling a new recording from a repeat."""
+    return {
+        "status": entry["status"],
+        "override_missing": entry["override_missing"] if entry["override"] else [],
+        "gates": {g["name"]: result_key(g["evidence"]) for g in entry["gates"]},
     }
 
 
@@ -156,7 +252,6 @@ def mark_done(
     state: dict[str, Any],
     number: int,
     records: dict[str, dict[str, Any]],
-    code_commit: str | None,
     *,
     override_missing: list[int] | None = None,
 ) -> dict[str, Any]:
@@ -172,10 +267,19 @@ def mark_done(
     entry["status"] = "done" if all(g["evidence"] for g in entry["gates"]) else "in progress"
     entry["date"] = times[-1][:10] if times and times[-1] else None
     entry["gpu"] = ", ".join(gpus) if gpus else "none (CPU)"
-    entry["code_commit"] = code_commit
     entry["override"] = bool(override_missing)
     entry["override_missing"] = sorted(override_missing or [])
     return state
+
+
+def keep_unchanged(before: dict[str, Any], after: dict[str, Any], number: int) -> bool:
+    """When phase ``number`` of ``after`` records the same results on the same code
+    as in ``before``, put the recorded entry back (so its times and commit stay)
+    and return True."""
+    if phase_key(before["phases"][number]) != phase_key(after["phases"][number]):
+        return False
+    after["phases"][number] = copy.deepcopy(before["phases"][number])
+    return True
 
 
 def done_phases(state: dict[str, Any]) -> list[int]:
@@ -199,38 +303,140 @@ def _ranges(numbers: list[int]) -> str:
 
 
 def remaining_text(state: dict[str, Any]) -> str:
-    rest = remaining(state)
-    return " + ".join(p["title"] for p in rest) if rest else "none"
+    """What is left to prove: a phase in progress by its gates without evidence,
+    a phase not started by its title; ``none`` when every phase is done."""
+    parts: list[str] = []
+    for p in remaining(state):
+        if p["status"] == "in progress":
+            parts += [g["name"] for g in p["gates"] if g["evidence"] is None]
+        else:
+            parts.append(p["title"])
+    return " + ".join(parts) if parts else "none"
 
 
-def commit_subject(state: dict[str, Any]) -> str:
-    """``plans/0002: mark Phase 0-3 done; remaining = cuda-graph safety + defrag``."""
-    done = done_phases(state)
-    head = f"mark Phase {_ranges(done)} done" if done else "no phase done yet"
-    started = [p["number"] for p in state["phases"] if p["status"] == "in progress"]
-    if started:
-        head += f", Phase {_ranges(started)} in progress"
+def phase_hashes(entry: dict[str, Any]) -> list[str]:
+    """The content hashes the phase's evidence was made on (one when consistent)."""
+    return sorted({g["evidence"]["content_hash"] for g in entry["gates"]
+                   if g["evidence"] and g["evidence"].get("content_hash")})
+
+
+def phase_commits(entry: dict[str, Any]) -> list[str]:
+    """The commits the phase's evidence was made on, in gate order, without repeats."""
+    seen: list[str] = []
+    for g in entry["gates"]:
+        c = (g["evidence"] or {}).get("commit")
+        if c and c not in seen:
+            seen.append(c)
+    return seen
+
+
+def is_current(entry: dict[str, Any], head_hash: str | None) -> bool | None:
+    """Whether every gate of the phase was proven on ``head_hash`` (None: no evidence,
+    or no head hash known)."""
+    hashes = phase_hashes(entry)
+    if not hashes or not head_hash:
+        return None
+    return hashes == [head_hash]
+
+
+def stale(state: dict[str, Any], head_hash: str | None = None) -> list[dict[str, Any]]:
+    """The phases with evidence made on other code than ``head_hash`` (default: the
+    hash recorded in the state): they need re-proving."""
+    head_hash = head_hash or state.get("head_content_hash")
+    return [p for p in state["phases"] if is_current(p, head_hash) is False]
+
+
+def stale_text(state: dict[str, Any], head_hash: str | None = None) -> str:
+    """``Phase 1 (kernel in isolation, proven on 2a790f72ac52)`` ... or ``none``."""
+    rows = [f"Phase {p['number']} ({p['title']}, proven on {', '.join(_short(h) for h in phase_hashes(p))})"
+            for p in stale(state, head_hash)]
+    return "; ".join(rows) if rows else "none"
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one recording did to one phase: ``kind`` is ``done`` (newly done),
+    ``re-proved`` (done before, done again with new results or on new code) or
+    ``in progress`` (some gates recorded)."""
+
+    number: int
+    kind: str
+    content_hash: str | None
+
+
+def change_of(before: dict[str, Any], after: dict[str, Any], number: int) -> Change:
+    old, new = before["phases"][number], after["phases"][number]
+    hashes = phase_hashes(new)
+    h = hashes[0] if len(hashes) == 1 else None
+    if new["status"] == "done":
+        return Change(number, "re-proved" if old["status"] == "done" else "done", h)
+    return Change(number, "in progress", h)
+
+
+def _clause(state: dict[str, Any], changes: list[Change]) -> str:
+    c = changes[0]
+    nums = _ranges([x.number for x in changes])
+    title = f" ({state['phases'][c.number]['title']})" if len(changes) == 1 else ""
+    on = f" on {c.content_hash[:8]}" if c.content_hash else ""
+    if c.kind == "re-proved":
+        return f"re-prove Phase {nums}{on}"
+    if c.kind == "done":
+        return f"mark Phase {nums}{title} done{on}"
+    return f"record Phase {nums}{title} in progress{on}"
+
+
+def commit_subject(state: dict[str, Any], changes: list[Change] | None = None) -> str:
+    """``plans/0002: mark Phase 5 (defrag) done on fe2260e0; remaining = smoke``; with
+    several phases, one clause per kind of change and code; without changes (a
+    plain re-render) ``plans/0002: re-render the plan; remaining = ...``."""
+    groups: list[list[Change]] = []
+    for c in changes or []:
+        for grp in groups:
+            if (grp[0].kind, grp[0].content_hash) == (c.kind, c.content_hash):
+                grp.append(c)
+                break
+        else:
+            groups.append([c])
+    head = ", ".join(_clause(state, g) for g in groups) if groups else f"re-render from templates/{TEMPLATE}"
     return f"plans/{PLAN_ID}: {head}; remaining = {remaining_text(state)}"
 
 
-def commit_message(state: dict[str, Any], recorded: int | None = None) -> str:
-    """Subject plus a body listing each gate's headline figure and the evidence's
-    commit, for the phase just recorded (or every done phase)."""
-    numbers = [recorded] if recorded is not None else done_phases(state)
+def _gate_lines(entry: dict[str, Any]) -> list[str]:
+    lines = []
+    for g in entry["gates"]:
+        ev = g["evidence"]
+        if ev is None:
+            lines.append(f"- {g['name']}: no evidence")
+            continue
+        commit = (ev.get("commit") or "unknown")[:12]
+        lines.append(f"- {g['name']}: {ev['headline']} (evidence commit {commit}, {ev['device']})")
+        if ev.get("plots"):
+            lines.append(f"  plots: {', '.join(f'plans/{PLOTS_DIR}/{n}' for n in ev['plots'])}")
+    return lines
+
+
+def commit_message(state: dict[str, Any], changes: list[Change] | None = None,
+                   unchanged: list[int] | None = None) -> str:
+    """Subject (:func:`commit_subject`) plus a body: for each phase this recording
+    changed, each gate's headline figure and the evidence's commit; the phases
+    whose new evidence repeated the recorded results; the phases that need
+    re-proving on HEAD's code."""
     lines: list[str] = []
-    for n in numbers:
-        p = state["phases"][n]
+    for c in changes or []:
+        p = state["phases"][c.number]
         note = f" (override: phases {_ranges(p['override_missing'])} not done)" if p["override"] else ""
-        lines.append(f"Phase {n} ({p['title']}): {p['status']}{note}")
-        for g in p["gates"]:
-            ev = g["evidence"]
-            if ev is None:
-                lines.append(f"- {g['name']}: no evidence")
-                continue
-            commit = (ev.get("commit") or "unknown")[:12]
-            lines.append(f"- {g['name']}: {ev['headline']} (evidence commit {commit}, {ev['device']})")
-    body = "\n".join(lines) if lines else "Re-rendered from templates/plan.md.j2."
-    return f"{commit_subject(state)}\n\n{body}\n"
+        on = f" on content hash {c.content_hash[:12]}" if c.content_hash else ""
+        lines.append(f"Phase {c.number} ({p['title']}): {p['status']}{on}{note}")
+        lines += _gate_lines(p)
+    if unchanged:
+        lines.append("Unchanged (same content hash and results as recorded): "
+                     + ", ".join(f"Phase {n}" for n in unchanged))
+    if not changes:
+        lines.append(f"Re-rendered from templates/{TEMPLATE}.")
+    head = state.get("head_content_hash")
+    if head:
+        lines.append(f"Needs re-proving on HEAD's content hash {head[:12]}: {stale_text(state)}")
+    return f"{commit_subject(state, changes)}\n\n" + "\n".join(lines) + "\n"
 
 
 def _fmt(value: Any) -> str:
@@ -269,19 +475,38 @@ def environment(templates_dir: Path) -> jinja2.Environment:
     return env
 
 
+def _current_text(entry: dict[str, Any], head_hash: str | None) -> str:
+    cur = is_current(entry, head_hash)
+    return "-" if cur is None else ("yes" if cur else "no: re-prove")
+
+
+def phase_rows(state: dict[str, Any], head_hash: str | None = None) -> list[dict[str, Any]]:
+    """Per phase, the fields the phase table shows: the entry itself, the commit(s)
+    and content hash(es) its evidence was made on, and whether that is HEAD's."""
+    head_hash = head_hash or state.get("head_content_hash")
+    return [{"p": p, "commits": [_short(c) for c in phase_commits(p)],
+             "hashes": [_short(h) for h in phase_hashes(p)], "current": _current_text(p, head_hash)}
+            for p in state["phases"]]
+
+
 def render(state: dict[str, Any], templates_dir: Path | None = None) -> str:
     """Render the plan markdown from ``state``; :class:`PlanError` on a template error."""
     templates_dir = templates_dir or evidence.repo_root() / "templates"
-    state_rel = f"plans/{PLAN_STEM}.state.json"
+    state_rel = rel_paths()[0]
+    head = state.get("head_content_hash")
     try:
         template = environment(templates_dir).get_template(TEMPLATE)
         return template.render(
             plan_id=PLAN_ID,
             title=state["title"],
             phases=state["phases"],
+            rows=phase_rows(state),
+            head_hash=head,
+            stale=[{"p": p, "hashes": [_short(h) for h in phase_hashes(p)]} for p in stale(state)],
             remaining=remaining(state),
             remaining_text=remaining_text(state),
             state_file=state_rel,
+            plots_dir=PLOTS_DIR,
             template_file=f"templates/{TEMPLATE}",
         )
     except jinja2.TemplateError as e:
@@ -291,23 +516,53 @@ def render(state: dict[str, Any], templates_dir: Path | None = None) -> str:
         raise PlanError(f"template {where}{at}: {type(e).__name__}: {e}") from None
 
 
-def status_table(state: dict[str, Any]) -> str:
-    """A plain-text table of phases and gates for ``invoke status``."""
-    rows = [("phase", "status", "date", "GPU", "code commit", "gate", "result", "headline")]
-    for p in state["phases"]:
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def render_files(state: dict[str, Any], templates_dir: Path | None = None) -> tuple[str, str]:
+    """(state JSON, markdown): the markdown rendered, its sha256 put in the state."""
+    text = render(state, templates_dir)
+    state["markdown_sha256"] = sha256_text(text)
+    return dump_state(state), text
+
+
+def hand_edited(state: dict[str, Any], plan_text: str | None, templates_dir: Path | None = None,
+                committed_text: str | None = None) -> bool:
+    """Whether ``plan_text`` (the markdown on disk; None: absent) is a hand edit: it is
+    neither what the state renders nor what the pipeline last wrote (the state's
+    ``markdown_sha256``; a state from before that field: the committed markdown,
+    ``committed_text``). A template change is not a hand edit."""
+    if plan_text is None or plan_text == render(state, templates_dir):
+        return False
+    recorded = state.get("markdown_sha256")
+    if recorded:
+        return sha256_text(plan_text) != recorded
+    return plan_text != committed_text
+
+
+def status_table(state: dict[str, Any], head_hash: str | None = None, note: str = "") -> str:
+    """A plain-text table of phases and gates for ``invoke status``: per phase the
+    commit and content hash its evidence ran on and whether that hash is
+    ``head_hash`` (the code here), then the phases that need re-proving."""
+    rows = [("phase", "status", "commit", "content hash", "current", "gate", "result", "headline")]
+    for r in phase_rows(state, head_hash):
+        p = r["p"]
         first = True
         for g in p["gates"]:
             ev = g["evidence"]
             result = "-" if ev is None else ("pass" if ev["passed"] else "FAIL")
             head = "" if ev is None else ev["headline"]
             status = p["status"] + (" (override)" if p["override"] else "")
-            lead = (f"{p['number']} {p['title']}", status, p["date"] or "-", p["gpu"] or "-",
-                    _short(p["code_commit"])) if first else ("", "", "", "", "")
+            lead = (f"{p['number']} {p['title']}", status, ", ".join(r["commits"]) or "-",
+                    ", ".join(r["hashes"]) or "-", r["current"]) if first else ("",) * 5
             rows.append((*lead, g["name"], result, head))
             first = False
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
              for r in rows]
     lines.append("")
+    lines.append(f"content hash of src/ and csrc/ here: {_short(head_hash)}{note}")
+    lines.append(f"needs re-proving: {stale_text(state, head_hash)}")
     lines.append(f"remaining = {remaining_text(state)}")
     return "\n".join(line.rstrip() for line in lines) + "\n"

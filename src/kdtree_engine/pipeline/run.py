@@ -9,6 +9,8 @@ Every refusal raises before the plan files are touched.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from typing import Any
 
 from kdtree_engine.pipeline import commit as _commit
 from kdtree_engine.pipeline import evidence, plan
-from kdtree_engine.pipeline.phases import Gate, Phase, PhaseError, phase
+from kdtree_engine.pipeline.phases import PHASES, Gate, Phase, PhaseError, all_gate_stems, phase
 
 #: A gate runner takes (gate, environment, no_venv) and returns the exit code.
 GateRunner = Callable[[Gate, Mapping[str, str], bool], int]
@@ -36,15 +38,17 @@ class GateFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class PhaseResult:
-    """What a recorded phase left: the plan files, the commit (None when skipped or
+    """What a recording left: the plan files, the commit (None when skipped or
     ``--no-commit``), and the commit message used."""
 
-    phase: int | None  # None for a plain re-render
+    phase: int | None  # the one phase recorded; None for several, or a plain re-render
     state_path: Path
     plan_path: Path
     commit: str | None
-    skipped: bool
-    message: str
+    skipped: bool  # nothing to commit
+    message: str  # the commit message, or (skipped) why nothing changed
+    unchanged: tuple[int, ...] = ()  # phases whose new evidence repeated the record
+    notes: tuple[str, ...] = ()  # phases with evidence that were left alone, and why
 
 
 def nox_command(gate: Gate, *, no_venv: bool = False) -> list[str]:
@@ -122,6 +126,16 @@ def check_clean_sources(root: Path) -> str:
     return repo.head.commit.hexsha
 
 
+def here_content_hash(root: Path) -> tuple[str, str]:
+    """(content hash of src/ and csrc/ here, a note when they differ from HEAD)."""
+    h = evidence.content_hash(root)
+    try:
+        check_clean_sources(root)
+    except (PipelineError, _commit.CommitError) as e:
+        return h, f" (working tree, not HEAD: {str(e).split(';')[0]})"
+    return h, " (HEAD)"
+
+
 def load_evidence(p: Phase, evidence_dir: Path, root: Path, *, allow_missing: bool = False
                   ) -> dict[str, dict[str, Any]]:
     """Load and check each gate's record: present, readable, passed, for that gate,
@@ -155,6 +169,154 @@ def load_evidence(p: Phase, evidence_dir: Path, root: Path, *, allow_missing: bo
     return records
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which phases a recording takes from an evidence folder, their records, and
+    a sentence for each phase with evidence there that it leaves alone."""
+
+    records: dict[int, dict[str, dict[str, Any]]]
+    skipped: list[str]
+
+
+def select_evidence(evidence_dir: Path, root: Path, state: dict[str, Any], *,
+                    phases: list[int] | None = None, partial: bool = False) -> Selection:
+    """``phases`` given: exactly those (every gate's record required unless ``partial``).
+    Otherwise every phase all of whose gates have a record in the folder, and with
+    ``partial`` also a phase not yet done that has some of them (a done phase is
+    not reopened by part of its evidence)."""
+    chosen: dict[int, dict[str, dict[str, Any]]] = {}
+    skipped: list[str] = []
+    numbers = phases if phases is not None else [p.number for p in PHASES]
+    for n in numbers:
+        p = phase(n)
+        present = [g.stem for g in p.gates if (evidence_dir / f"{g.stem}.json").exists()]
+        if phases is None and len(present) < len(p.gates):
+            if not present:
+                continue
+            lacking = ", ".join(f"{g.stem}.json" for g in p.gates if g.stem not in present)
+            if not partial:
+                skipped.append(f"phase {n}: not recorded, {lacking} missing (--partial records part of a phase)")
+                continue
+            if state["phases"][n]["status"] == "done":
+                skipped.append(f"phase {n}: not recorded, it is done and {lacking} missing here "
+                               "(--partial does not reopen a done phase; name it to do so)")
+                continue
+        chosen[n] = load_evidence(p, evidence_dir, root, allow_missing=partial)
+        if not chosen[n]:
+            raise PipelineError(
+                f"phase {p.number}: no evidence in {evidence_dir} for any of its gates "
+                f"({', '.join(g.stem for g in p.gates)}); nothing to record"
+            )
+    if not chosen:
+        stems = ", ".join(f"{s}.json" for s in all_gate_stems())
+        why = "; ".join(skipped) if skipped else f"none of {stems} is there"
+        raise PipelineError(f"no phase to record from {evidence_dir}: {why}")
+    return Selection(chosen, skipped)
+
+
+def _find_plot(name: str, recorded: list[str], evidence_dir: Path) -> Path | None:
+    """A bench plot: where the gate wrote it when that is on this machine, else
+    beside the evidence (its folder or, as a GPU session packs them, a sibling)."""
+    for p in recorded:
+        if Path(p).name == name and Path(p).is_file():
+            return Path(p)
+    for base in (evidence_dir, evidence_dir.parent):
+        found = sorted(base.glob(f"**/{name}")) if base.is_dir() else []
+        if found:
+            return found[0]
+    return None
+
+
+def _plots(records: dict[str, dict[str, Any]], evidence_dir: Path) -> dict[str, dict[str, Path]]:
+    """stem -> {plot name: file found} for the gates that list plots."""
+    out: dict[str, dict[str, Path]] = {}
+    for stem, rec in records.items():
+        files = (rec.get("details") or {}).get("files") or {}
+        pngs = [str(x) for x in files.get("png") or []] if isinstance(files, dict) else []
+        found = {Path(x).name: _find_plot(Path(x).name, pngs, evidence_dir) for x in pngs}
+        out[stem] = {k: v for k, v in found.items() if v is not None}
+    return out
+
+
+def check_not_hand_edited(root: Path, state: dict[str, Any]) -> None:
+    """Refuse when the plan markdown was edited by hand (see :func:`plan.hand_edited`)."""
+    _state_path, plan_path = plan.plan_paths(root)
+    text = plan_path.read_text() if plan_path.exists() else None
+    committed = None
+    if text is not None and not state.get("markdown_sha256"):
+        with contextlib.suppress(Exception):
+            repo = _commit.open_repo(root)
+            committed = repo.git.show(f"HEAD:{plan.rel_paths()[1]}", strip_newline_in_stdout=False)
+    if plan.hand_edited(state, text, root / "templates", committed):
+        md, st = plan.rel_paths()[1], plan.rel_paths()[0]
+        raise PipelineError(
+            f"{md} differs from what {st} renders, so it was edited by hand and recording "
+            f"would overwrite the edit; nothing was changed. Put the change in "
+            f"templates/{plan.TEMPLATE} (or the state), or restore the file with "
+            f"`git checkout -- {md}`, then record again"
+        )
+
+
+def record(
+    evidence_dir: Path | str | None = None,
+    *,
+    phases: list[int] | None = None,
+    commit: bool = True,
+    override: bool = False,
+    partial: bool = False,
+    root: Path | None = None,
+) -> PhaseResult:
+    """Record, in one commit, every phase whose evidence is in ``evidence_dir`` (or
+    just ``phases``), re-render the plan and (when ``commit``) commit the plan
+    files and the plots they link. A phase whose new evidence repeats the recorded
+    results on the same content hash is left as it was; when that is every phase,
+    nothing is written or committed (``skipped``). Every refusal comes before a
+    file is touched."""
+    root = (root or evidence.repo_root()).resolve()
+    state_path, plan_path = plan.plan_paths(root)
+    before = plan.load_state(state_path)
+    check_clean_sources(root)
+    if commit:
+        _commit.preflight(root, [state_path, plan_path])
+    check_not_hand_edited(root, before)
+    ev_dir = default_evidence_dir(root, evidence_dir)
+    sel = select_evidence(ev_dir, root, before, phases=phases, partial=partial)
+    after = copy.deepcopy(before)
+    after["head_content_hash"] = evidence.content_hash(root)
+    changes: list[plan.Change] = []
+    unchanged: list[int] = []
+    figures: dict[Path, bytes] = {}
+    for n, records in sorted(sel.records.items()):
+        missing = check_predecessors(after, phase(n), override)
+        plan.mark_done(after, n, records, override_missing=missing)  # in progress if any is missing
+        found = _plots(records, ev_dir)
+        for g in after["phases"][n]["gates"]:
+            if g["evidence"] is not None:
+                g["evidence"]["plots"] = sorted(found.get(g["name"], {}))
+        if plan.keep_unchanged(before, after, n):
+            unchanged.append(n)
+            continue
+        changes.append(plan.change_of(before, after, n))
+        for files in found.values():
+            for name, src in files.items():
+                figures[plan_path.parent / plan.PLOTS_DIR / name] = src.read_bytes()
+    notes = [*sel.skipped]
+    if not changes:
+        done = ", ".join(f"Phase {n}" for n in unchanged)
+        hashes = sorted({h[:12] for n in unchanged for h in plan.phase_hashes(before["phases"][n])})
+        message = (f"{done} unchanged: the evidence proves the same content hash "
+                   f"({', '.join(hashes)}) with the same results as recorded; nothing to commit")
+        return PhaseResult(phases[0] if phases and len(phases) == 1 else None, state_path, plan_path,
+                           None, True, message, tuple(unchanged), tuple(notes))
+    message = plan.commit_message(after, changes, unchanged)
+    state_text, md_text = plan.render_files(after, root / "templates")
+    result = _commit.write_and_commit(
+        root, {state_path: state_text, plan_path: md_text, **figures}, message, commit=commit
+    )
+    return PhaseResult(changes[0].number if len(changes) == 1 else None, state_path, plan_path,
+                       result.commit, result.skipped, message, tuple(unchanged), tuple(notes))
+
+
 def record_phase(
     n: int | str,
     evidence_dir: Path | str | None = None,
@@ -164,32 +326,12 @@ def record_phase(
     partial: bool = False,
     root: Path | None = None,
 ) -> PhaseResult:
-    """Record phase ``n`` as done from the evidence in ``evidence_dir``, re-render the
-    plan and (when ``commit``) commit the plan files. ``partial`` records the gates
-    whose evidence is there and marks the phase in progress while any is missing
-    (e.g. the long-context bench of phase 3 on a host that cannot run the smoke)."""
-    p = phase(n)
-    root = (root or evidence.repo_root()).resolve()
-    state_path, plan_path = plan.plan_paths(root)
-    state = plan.load_state(state_path)
-    missing = check_predecessors(state, p, override)
-    head = check_clean_sources(root)
-    if commit:
-        _commit.preflight(root, [state_path, plan_path])
-    ev_dir = default_evidence_dir(root, evidence_dir)
-    records = load_evidence(p, ev_dir, root, allow_missing=partial)
-    if not records:
-        raise PipelineError(
-            f"phase {p.number}: no evidence in {ev_dir} for any of its gates "
-            f"({', '.join(g.stem for g in p.gates)}); nothing to record"
-        )
-    plan.mark_done(state, p.number, records, head, override_missing=missing)  # in progress if any is missing
-    text = plan.render(state, root / "templates")
-    message = plan.commit_message(state, p.number)
-    result = _commit.write_and_commit(
-        root, {state_path: plan.dump_state(state), plan_path: text}, message, commit=commit
-    )
-    return PhaseResult(p.number, state_path, plan_path, result.commit, result.skipped, message)
+    """Record phase ``n`` from the evidence in ``evidence_dir`` (:func:`record` of that
+    phase alone). ``partial`` records the gates whose evidence is there and marks
+    the phase in progress while any is missing (e.g. the long-context bench of
+    phase 3 on a host that cannot run the smoke)."""
+    return record(evidence_dir, phases=[phase(n).number], commit=commit, override=override,
+                  partial=partial, root=root)
 
 
 def run_phase(
@@ -219,10 +361,12 @@ def run_phase(
             f"`invoke phase{p.number} --evidence DIR`"
         )
     # Refuse before spending time on gates whatever would refuse the record.
-    check_predecessors(plan.load_state(state_path), p, override)
+    state = plan.load_state(state_path)
+    check_predecessors(state, p, override)
     check_clean_sources(root)
     if commit:
         _commit.preflight(root, [state_path, plan_path])
+    check_not_hand_edited(root, state)
     runner = runner or nox_runner(root)
     env = {**os.environ, "KDTREE_EVIDENCE_DIR": str(ev_dir.resolve())}
     for g in p.gates:
@@ -243,14 +387,21 @@ def run_phase(
     return record_phase(p.number, ev_dir, commit=commit, override=override, root=root)
 
 
-def render_plan(*, commit: bool = False, root: Path | None = None) -> PhaseResult | None:
-    """Re-render the plan from its state (``invoke plan``); commit it when asked."""
+def render_plan(*, commit: bool = False, root: Path | None = None) -> PhaseResult:
+    """Re-render the plan from its state (``invoke plan``), with staleness against the
+    content hash of src/ and csrc/ here; commit it when asked. Refuses a
+    hand-edited plan, as recording does."""
     root = (root or evidence.repo_root()).resolve()
     state_path, plan_path = plan.plan_paths(root)
     state = plan.load_state(state_path)
-    text = plan.render(state, root / "templates")
+    if commit:
+        check_clean_sources(root)
+        _commit.preflight(root, [state_path, plan_path])
+    check_not_hand_edited(root, state)
+    state["head_content_hash"] = evidence.content_hash(root)
     message = plan.commit_message(state)
+    state_text, md_text = plan.render_files(state, root / "templates")
     result = _commit.write_and_commit(
-        root, {state_path: plan.dump_state(state), plan_path: text}, message, commit=commit
+        root, {state_path: state_text, plan_path: md_text}, message, commit=commit
     )
     return PhaseResult(None, state_path, plan_path, result.commit, result.skipped, message)

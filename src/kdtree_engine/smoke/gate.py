@@ -268,7 +268,8 @@ def _serve_and_check(run: Run) -> None:
         ready = wait_ready(client, deadline_s=deadline, poll_s=a.poll,
                            request_timeout_s=a.health_timeout,
                            started_at=server.started_at if server else None,
-                           alive=server.exit_reason if server else None)
+                           alive=server.exit_reason if server else None,
+                           progress=lambda line: print(f"smoke: {line}", file=sys.stderr, flush=True))
         run.ready = ready
         if not ready.ready:
             seen = "; ".join(ready.error_lines()) or "none"
