@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kdtree_engine.sglang import _standins, plugin
+from kdtree_engine.sglang import plugin
+from kdtree_engine.testing import standins as _standins
 
 _standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
 if torch.cuda.is_available():  # on CUDA, SGLang's module imports need sgl_kernel (absent on the GPU host)
