@@ -475,8 +475,10 @@ def test_many_distinct_bad_batches_log_once_per_kind_and_stay_bounded(runtime_on
             backend.forward_metadata.max_extend_len = 129 + i
             plugin.verify_hook(orig, backend, q, k, v, layer, fb)
 
-        def refuse(a, i=iter(range(10**6))):
-            raise VerifyArgumentError(f"verify_attention: argument 'kv_indices': expected {next(i)} slot ids")
+        counter = iter(range(10**6))
+
+        def refuse(a):
+            raise VerifyArgumentError(f"verify_attention: argument 'kv_indices': expected {next(counter)} slot ids")
 
         monkeypatch.setattr(plugin, "_launch", refuse)
         for _ in range(1000):
