@@ -56,9 +56,14 @@ def _python(session: nox.Session) -> str:
     return "python" if _has_venv(session) else sys.executable
 
 
+#: The project with what the tests and gates use (the pipeline's tools are an extra:
+#: a server needs only torch).
+PROJECT_EXTRAS = ".[dev,pipeline]"
+
+
 def _install_project(session: nox.Session) -> None:
     if _has_venv(session):
-        session.install("-e", ".[dev]", TORCH)
+        session.install("-e", PROJECT_EXTRAS, TORCH)
 
 
 def _require_cuda(session: nox.Session, gate: str) -> None:
@@ -131,9 +136,10 @@ def defrag(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite (GPU tests skip without a GPU); posargs go to pytest."""
+    """Run the test suite (GPU tests skip without a GPU); posargs go to pytest.
+    tests/test_wheel.py builds the wheel (nvcc) and installs it outside the repository."""
     if _has_venv(session):
-        session.install("-e", ".[dev]", TORCH)
+        session.install("-e", PROJECT_EXTRAS, TORCH)
         session.install("--no-deps", SGLANG)
         session.install(*SGLANG_CPU_DEPS, TORCH)
         session.install("--no-deps", "-e", ".")  # the plugin's entry point must be discoverable
