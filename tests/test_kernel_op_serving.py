@@ -202,3 +202,27 @@ def test_compiled_caller_equals_eager_and_replays_in_a_cuda_graph():
     for batch, want in ((b1, eager1), (b2, eager2), (b1, eager1), (b2, eager2)):
         got = overhead(*batch.kernel_args()[:8])
         assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.sglang
+@pytest.mark.parametrize("k_given", [True, False], ids=["k-given", "k-from-pool"])
+def test_launches_per_hooked_call(k_given, capsys):
+    """Issue 18 item 5: how many GPU launches one hooked verify call makes (printed; run
+    with -s). The kernel runs once per call; the count itself is the measurement."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("count_launches", Path(__file__).parents[1] / "tools" /
+                                                  "count_launches.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool._setup_sglang()
+    from kdtree_engine.sglang import plugin
+
+    plugin._runtime.reset()
+    names, calls = tool.count(tool.make_call(4, 16, 16, 4096, k_given))
+    assert calls == 1
+    assert sum(c for n, c in names.items() if "verify_attn" in n) == 1, dict(names)
+    with capsys.disabled():
+        print(f"\nlaunches per hooked call ({'k given' if k_given else 'k None'}): {sum(names.values())}: {dict(names)}")
