@@ -57,7 +57,12 @@ def _python(session: nox.Session) -> str:
     return "python" if _has_venv(session) else sys.executable
 
 
-def _install_project(session: nox.Session, extras: str = "dev") -> None:
+#: The project with what the tests and gates use (the pipeline's tools are an extra:
+#: a server needs only torch).
+PROJECT_EXTRAS = "dev,pipeline"
+
+
+def _install_project(session: nox.Session, extras: str = PROJECT_EXTRAS) -> None:
     if _has_venv(session):
         session.install("-e", f".[{extras}]", TORCH)
 
@@ -88,7 +93,7 @@ def _require_cuda(session: nox.Session, gate: str) -> None:
 
 
 def _gate(session: nox.Session, gate: str, *, gpu: bool, default_args: tuple[str, ...] = (),
-          extras: str = "dev") -> None:
+          extras: str = PROJECT_EXTRAS) -> None:
     _install_project(session, extras)
     args = tuple(session.posargs or default_args)
     _check_args(session, gate, args)
@@ -104,7 +109,7 @@ GATE_VENV = ["--system-site-packages"]
 @nox.session(venv_params=GATE_VENV)
 def build(session: nox.Session) -> None:
     """Compile csrc/ with nvcc for every target arch and count its SASS (no GPU needed)."""
-    _gate(session, "build", gpu=False, extras="dev,build")  # build: cuobjdump + nvdisasm
+    _gate(session, "build", gpu=False, extras=PROJECT_EXTRAS + ",build")  # build: cuobjdump + nvdisasm
 
 
 @nox.session(name="oracle-selftest", venv_params=GATE_VENV)
@@ -151,9 +156,10 @@ def defrag(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite (GPU tests skip without a GPU); posargs go to pytest."""
+    """Run the test suite (GPU tests skip without a GPU); posargs go to pytest.
+    tests/test_wheel.py builds the wheel (nvcc) and installs it outside the repository."""
     if _has_venv(session):
-        session.install("-e", ".[dev]", TORCH)
+        session.install("-e", f".[{PROJECT_EXTRAS}]", TORCH)
         session.install("--no-deps", SGLANG)
         session.install(*SGLANG_CPU_DEPS, TORCH)
         session.install("--no-deps", "-e", ".")  # the plugin's entry point must be discoverable

@@ -13,7 +13,14 @@ CAP = Capacity(max_bs=4, max_n=8, max_prefix_tokens=4 * 100 + 4, num_heads=2, ma
 
 
 def test_a_step_that_fits_is_accepted():
-    check_fits(CAP, workloads.make_batch([100, 3, 0], 8, 2, seed=1))
+    """Accepted up to every limit at once (max_bs requests of max_prefix_len tokens and
+    exactly max_n drafts), refused one past: the limits are not off by one."""
+    assert check_fits(CAP, workloads.make_batch([100, 3, 0], 8, 2, seed=1)) is None
+    full = workloads.make_batch([100] * 4, 8, 2, seed=1)
+    assert full.custom_mask.numel() <= CAP.max_mask
+    assert check_fits(CAP, full) is None
+    with pytest.raises(VerifyArgumentError, match="a prefix of 101 tokens"):
+        check_fits(CAP, workloads.make_batch([100] * 3 + [101], 8, 2, seed=1))
 
 
 @pytest.mark.parametrize(

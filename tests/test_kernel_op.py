@@ -117,12 +117,42 @@ def test_choose_num_splits_fills_whole_waves():
     assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=240) == 2
     # a big batch fills the GPU on its own
     assert choose_num_splits(16, 8, 128, 132, 64) == 1
-    assert choose_num_splits(1, 0, 8, 132, 64) >= 1
+    # no drafts still counts one row tile per request (never zero CTAs, never a division by zero)
+    assert choose_num_splits(1, 0, 8, 132, 64) == choose_num_splits(1, 1, 8, 132, 64) == 132
+    # more SMs than splits allowed: capped at max_splits
+    assert choose_num_splits(1, 1, 1, 1000, 64) == 256
+    assert choose_num_splits(1, 1, 1, 1000, 64, max_splits=40) == 40
 
 
-def test_custom_op_is_registered_with_a_fake():
-    assert hasattr(torch.ops.kdtree, "verify_attention")
+def test_qo_indptr_of_the_wrong_length_is_named():
+    """issue 17: kv_indptr and mask_indptr agree on bs + 1, qo_indptr does not: name qo_indptr."""
+    a = _args(_batch())
+    a["qo_indptr"] = a["qo_indptr"][:3]
+    with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 3"):
+        check_arguments(**a, require_cuda=False)
+    a = _args(_batch())
+    a["qo_indptr"] = torch.cat([a["qo_indptr"], a["qo_indptr"][-1:]])
+    with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 5"):
+        check_arguments(**a, require_cuda=False)
+
+
+def test_custom_op_is_registered_with_a_fake_that_checks_arguments():
+    """The op's fake (what torch.compile runs while tracing) accepts a valid call on fake
+    tensors, returns nothing, and refuses a bad one with the eager path's error."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     assert op.OP_NAME == "kdtree::verify_attention"
+    b = _batch()
+    mode = FakeTensorMode()
+    fake = [mode.from_tensor(t) for t in b.kernel_args()[:8]]
+    with mode:
+        out = torch.empty((9, 2, 512), dtype=torch.bfloat16)
+        got = torch.ops.kdtree.verify_attention(*fake, out, None, None, b.sm_scale, b.max_n, 0, -1)
+        assert got is None
+        with pytest.raises(VerifyArgumentError, match=r"'out': expected shape \[9, 2, 512\]"):
+            torch.ops.kdtree.verify_attention(*fake, out[:, :, :256], None, None, b.sm_scale, b.max_n, 0, -1)
+        with pytest.raises(VerifyArgumentError, match="'max_n'"):
+            torch.ops.kdtree.verify_attention(*fake, out, None, None, b.sm_scale, 2, 0, -1)
 
 
 @pytest.mark.gpu

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kdtree_engine.sglang import _standins, fallback
+from kdtree_engine.sglang import fallback
 from kdtree_engine.sglang.fallback import VerifyCall
+from kdtree_engine.testing import standins as _standins
 
 _standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
 if torch.cuda.is_available():  # on CUDA, SGLang's module imports need sgl_kernel (absent on the GPU host)
@@ -49,13 +50,13 @@ def make_call(**over) -> VerifyCall:
 
 
 def test_a_plain_mla_verify_call_is_accepted():
-    assert fallback.evaluate(make_call()) == (True, "", logging.DEBUG)
+    assert fallback.evaluate(make_call()) == (True, "", logging.DEBUG, "")
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.IDLE])
 def test_other_forward_modes_are_refused_at_info(mode):
-    ok, reason, level = fallback.evaluate(make_call(forward_batch=SimpleNamespace(forward_mode=mode)))
-    assert not ok and "not a TARGET_VERIFY forward" in reason and mode.name in reason
+    ok, kind, level, detail = fallback.evaluate(make_call(forward_batch=SimpleNamespace(forward_mode=mode)))
+    assert not ok and kind == "not a TARGET_VERIFY forward" and mode.name in detail
     assert level == logging.INFO
 
 
@@ -104,10 +105,61 @@ def _pool(dtype, store=None):
     ],
 )
 def test_unsupported_verify_calls_are_refused_with_a_reason(change, needle):
-    ok, reason, level = fallback.evaluate(make_call(**change()))
+    ok, kind, level, detail = fallback.evaluate(make_call(**change()))
     assert not ok
-    assert needle in reason
+    assert needle in f"{kind} {detail}"
+    assert not any(ch.isdigit() for ch in kind.replace("576/512", "").replace("1..128", "").replace("fp8", "").replace("bfloat16", "")), \
+        f"a kind is a counter key: no per-batch numbers ({kind!r})"
     assert level == (logging.INFO if needle == "not an MLA model" else logging.WARNING)
+
+
+@pytest.mark.parametrize(("where", "name"), [("backend", "use_verify_splitkv"), ("backend", "dcp_size"),
+                                             ("layer", "sliding_window_size"), ("metadata", "max_extend_len")])
+def test_a_missing_attribute_refuses_the_call(where, name):
+    """Fail closed: an attribute SGLang renamed is not read as "supported" through a default."""
+    call = make_call()
+    if where == "metadata":
+        meta = SimpleNamespace(**vars(call.metadata))
+        delattr(meta, name)
+        call = make_call(backend=_backend(forward_metadata=meta))
+    elif where == "backend":
+        b = _backend()
+        delattr(b, name)
+        call = make_call(backend=b)
+    else:
+        layer = make_layer()
+        delattr(layer, name)
+        call = make_call(layer=layer)
+    ok, kind, level, detail = fallback.evaluate(call)
+    assert not ok and kind == fallback.PREDICATE_FAILED and level == logging.WARNING
+    assert "AttributeError" in detail and name in detail
+
+
+class _Recorder:
+    """Wraps an object and records every attribute read."""
+
+    def __init__(self, obj, seen, label):
+        object.__setattr__(self, "_o", obj)
+        object.__setattr__(self, "_seen", seen)
+        object.__setattr__(self, "_label", label)
+
+    def __getattr__(self, name):
+        self._seen.add((self._label, name))
+        return getattr(self._o, name)
+
+
+def test_every_attribute_the_predicates_read_is_in_the_drift_list():
+    """The drift check covers what the predicates read: run them on objects that record reads."""
+    seen: set[tuple[str, str]] = set()
+    base = make_call()
+    backend = _backend(forward_metadata=_Recorder(base.metadata, seen, "ForwardMetadata"),
+                       token_to_kv_pool=_Recorder(base.backend.token_to_kv_pool, seen, "MLATokenToKVPool"))
+    call = make_call(backend=_Recorder(backend, seen, "TritonAttnBackend"),
+                     layer=_Recorder(make_layer(), seen, "RadixAttention"),
+                     forward_batch=_Recorder(base.forward_batch, seen, "ForwardBatch"))
+    assert fallback.evaluate(call).ok
+    listed = {(cls, n) for (_, cls), names in fallback.REQUIRED.items() for n in names}
+    assert seen and seen <= listed, sorted(seen - listed)
 
 
 def test_k_and_v_both_none_is_accepted():
@@ -128,11 +180,11 @@ def test_library_failure_is_reported_not_raised(monkeypatch, tmp_path):
      ("sm_90,sm_120", (10, 0), False), ("sm_80,compute_90", (12, 0), True), ("", (9, 0), True)],
 )
 def test_device_support_follows_the_library_build_info(archs, cap, ok):
-    got, reason = fallback.device_supported(SimpleNamespace(archs=archs), cap)
+    got, kind, detail = fallback.device_supported(SimpleNamespace(archs=archs), cap)
     assert got is ok
-    assert (reason == "") is ok
+    assert (kind == "") is ok
     if not ok:
-        assert f"sm_{cap[0]}{cap[1]}" in reason
+        assert f"sm_{cap[0]}{cap[1]}" in detail
 
 
 def test_the_predicates_read_attributes_the_real_triton_backend_sets():

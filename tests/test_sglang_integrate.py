@@ -169,7 +169,7 @@ def test_sgl_kernel_standin_serves_import_time_names_and_refuses_real_use():
 
     code = textwrap.dedent("""
         import importlib.util, sys
-        from kdtree_engine.sglang import _standins
+        from kdtree_engine.testing import standins as _standins
         assert importlib.util.find_spec("sgl_kernel") is None, "a real sgl_kernel is installed"
         assert _standins.install_sgl_kernel_standin() is True
         from sgl_kernel.utils import is_arch_support_pdl

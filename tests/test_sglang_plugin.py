@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kdtree_engine.sglang import _standins, plugin
+from kdtree_engine.sglang import plugin
+from kdtree_engine.testing import standins as _standins
 
 _standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
 if torch.cuda.is_available():  # on CUDA, SGLang's module imports need sgl_kernel (absent on the GPU host)
@@ -92,7 +94,7 @@ def test_load_plugins_with_on_hooks_the_real_method(clean, fake_library, monkeyp
     assert [(t, h) for t, h, _ in target] == [(HookType.AROUND, plugin.verify_hook)]
     assert plugin.TARGET in HookRegistry._patched
     assert plugin.status()["enabled"] is True
-    assert "kdtree verify: hook registered on TritonAttnBackend.forward_extend" in caplog.text
+    assert re.search(r"kdtree verify \[pid \d+\]: hook registered on TritonAttnBackend.forward_extend", caplog.text)
 
 
 @pytest.mark.parametrize("value", [None, "off"])
@@ -107,16 +109,34 @@ def test_load_plugins_with_off_or_unset_registers_nothing(clean, fake_library, m
     assert "kdtree verify: off: KDTREE_VERIFY" in caplog.text
 
 
-def test_invalid_value_is_an_error_at_plugin_load(clean, fake_library, monkeypatch, caplog):
+def test_invalid_value_is_an_error_at_plugin_load(clean, fake_library, monkeypatch):
     monkeypatch.setenv(plugin.ENV, "maybe")
-    with pytest.raises(plugin.KdtreeConfigError, match="KDTREE_VERIFY='maybe'"):
+    with pytest.raises(plugin.KdtreeConfigExit, match="KDTREE_VERIFY='maybe'"):
         plugin.load()
-    # Through SGLang's loader the error is logged with its traceback (SGLang catches plugin errors).
-    with caplog.at_level(logging.INFO):
+    # SGLang's loader catches Exception from a plugin; a SystemExit goes through it
+    with pytest.raises(SystemExit, match="KDTREE_VERIFY='maybe' is not valid"):
         sglang_plugins.load_plugins()
-    assert "Failed to execute general plugin: kdtree_verify" in caplog.text
-    assert "KDTREE_VERIFY='maybe' is not valid" in caplog.text
     assert not hooked()
+
+
+def test_a_typo_in_the_switch_stops_the_process_through_sglangs_loader(tmp_path):
+    """issue 17: SGLang's real load_plugins in a fresh process with KDTREE_VERIFY=bogus ends
+    it with exit status 1 and a message naming the variable and the value."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from sglang.srt.plugins import load_plugins\n"
+            "load_plugins()\n"
+            "print('still serving')\n")
+    env = {**os.environ, plugin.ENV: "bogus"}
+    env.pop("SGLANG_PLUGINS", None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "still serving" not in r.stdout
+    assert "KDTREE_VERIFY='bogus' is not valid: expected 'on' or 'off'" in r.stderr
+    assert "Failed to execute general plugin" not in r.stderr
 
 
 def test_missing_kernel_library_keeps_sglangs_path(clean, monkeypatch, tmp_path, caplog):
@@ -125,7 +145,7 @@ def test_missing_kernel_library_keeps_sglangs_path(clean, monkeypatch, tmp_path,
     with caplog.at_level(logging.INFO):
         sglang_plugins.load_plugins()
     assert not hooked()
-    assert "kdtree verify: off: kernel library failed to load" in caplog.text
+    assert re.search(r"kdtree verify \[pid \d+\]: off: kernel library failed to load", caplog.text)
     assert plugin.status()["enabled"] is False
 
 
@@ -221,11 +241,26 @@ def make_verify(mode=ForwardMode.TARGET_VERIFY, qo_dtype=torch.int64):
 
 @pytest.fixture
 def runtime_on(monkeypatch, fake_library):
+    """The plugin as on a GPU, minus the device: prepare()'s output goes through the real
+    plugin._launch, verify_attention and check_arguments (with the CUDA-device check off,
+    the only one a CPU cannot pass); the launch itself records the call and fills out."""
+    from kdtree_engine.kernel import op
+
     plugin._runtime.reset()
     monkeypatch.setattr(plugin._runtime, "device_ok", lambda device: (True, ""))
+    real_check = op.check_arguments
+    monkeypatch.setattr(op, "check_arguments", lambda *a, **kw: real_check(*a, **{**kw, "require_cuda": False}))
     launched = []
-    monkeypatch.setattr(plugin, "_launch", lambda a: (launched.append(a), a["out"].fill_(1.5)))
-    with get_parallel().override(dcp_enabled=False):
+
+    def run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
+            sm_scale, max_n, num_splits, max_prefix_len):
+        launched.append(dict(q=q, k_ext=k_ext, kv_buffer=kv_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                             kv_indices=kv_indices, custom_mask=custom_mask, mask_indptr=mask_indptr, out=out,
+                             sm_scale=sm_scale, max_n=max_n, max_prefix_len=max_prefix_len))
+        out.fill_(1.5)
+
+    monkeypatch.setattr(op, "_run", run)
+    with get_parallel().override(dcp_enabled=False, tp_rank=3):
         yield launched
     plugin._runtime.reset()
 
@@ -238,7 +273,7 @@ def test_non_verify_calls_go_to_the_original_unchanged(runtime_on):
     (b, args, kwargs), = orig.calls
     assert b is backend and args[0] is q and args[3] is layer and kwargs == {"save_kv_cache": True, "sinks": None}
     assert runtime_on == []
-    assert "not a TARGET_VERIFY forward (EXTEND)" in plugin.status()["fallbacks"]
+    assert plugin.status()["fallbacks"] == {"not a TARGET_VERIFY forward": 1}
 
 
 def test_unexpected_arguments_go_to_the_original(runtime_on):
@@ -262,11 +297,24 @@ def test_verify_call_saves_kv_like_sglang_and_returns_sglangs_output_layout(runt
     assert a["out"].data_ptr() == o.data_ptr() and a["out"].shape == (T, H, 512)
     assert a["kv_buffer"] is pool
     assert a["qo_indptr"].dtype == torch.int32 and a["qo_indptr"].tolist() == [0, 4, 8]
+    assert a["kv_indptr"].dtype == torch.int32 and a["k_ext"].shape == (T, 1, 576)
     assert a["mask_indptr"].dtype == torch.int64 and a["kv_indices"] is backend.forward_metadata.kv_indices
     assert a["custom_mask"] is backend.forward_metadata.custom_mask
     assert a["max_n"] == N and a["sm_scale"] == pytest.approx(576**-0.5)
-    assert a["prefix_lens_cpu"].tolist() == [5, 3]
+    assert a["max_prefix_len"] == 5  # from SGLang's seq_lens_cpu hint
     assert plugin.status()["kernel_calls"] == 1
+
+
+def test_a_batch_the_checks_refuse_falls_back_after_the_kv_write(runtime_on):
+    """prepare()'s output goes through check_arguments: a mask shorter than the prefix
+    lengths need is refused there, and SGLang's path serves it without writing the KV again."""
+    backend, q, k, v, layer, fb = make_verify()
+    backend.forward_metadata.custom_mask = backend.forward_metadata.custom_mask[:-1]
+    orig = Original()
+    assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    assert runtime_on == [] and orig.calls[0][2]["save_kv_cache"] is False
+    assert torch.equal(backend.token_to_kv_pool.get_key_buffer(0)[fb.out_cache_loc], k)
+    assert plugin.status()["fallbacks"] == {plugin.K_REFUSED: 1}
 
 
 def test_attn_output_buffer_is_honoured(runtime_on):
@@ -314,7 +362,7 @@ def test_kernel_failure_switches_the_kernel_off_for_the_process(runtime_on, monk
     monkeypatch.setattr(plugin, "_launch", lambda a: pytest.fail("kernel called after it was switched off"))
     assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
     assert "no kernel image" in plugin.status()["disabled_reason"]
-    assert "kdtree verify: off: kernel failed" in caplog.text
+    assert "kdtree verify [tp 3]: off: kernel failed" in caplog.text
 
 
 def test_unsupported_verify_batch_goes_to_the_original(runtime_on, caplog):
@@ -323,7 +371,8 @@ def test_unsupported_verify_batch_goes_to_the_original(runtime_on, caplog):
     orig = Original()
     with caplog.at_level(logging.WARNING):
         assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
-    assert runtime_on == [] and "200 draft tokens per request not supported" in caplog.text
+    assert runtime_on == [] and "draft tokens per request not supported (1..128) (200 draft tokens" in caplog.text
+    assert "[tp 3]" in caplog.text
 
 
 def test_library_missing_at_runtime_falls_back(monkeypatch, caplog):
@@ -335,3 +384,117 @@ def test_library_missing_at_runtime_falls_back(monkeypatch, caplog):
         assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
     assert "kernel library failed to load" in caplog.text
     plugin._runtime.reset()
+
+
+# --- drift, fail-closed KV write, bounded logging -------------------------------------------------
+
+
+def test_drift_check_passes_on_this_sglang_and_names_what_is_missing():
+    from kdtree_engine.sglang import drift
+
+    assert drift.check() == []
+    module = "sglang.srt.mem_cache.memory_pool"
+    assert drift.check({(module, "KVWriteLoc"): ("for_batch", "for_batch_v2")}) == [f"{module}.KVWriteLoc.for_batch_v2"]
+    got = drift.check({("sglang.srt.layers.attention.triton_backend", "TritonAttnBackendV2"): ("use_mla",)})
+    assert len(got) == 1 and "TritonAttnBackendV2" in got[0]
+
+
+def _rename(monkeypatch, cls, old, new):
+    monkeypatch.setattr(cls, new, cls.__dict__[old], raising=False)
+    monkeypatch.delattr(cls, old)
+
+
+def test_a_renamed_sglang_method_means_no_hook_at_registration(clean, fake_library, monkeypatch, caplog):
+    """SGLang renames KVWriteLoc.for_batch (save_kv calls it): the plugin does not hook and
+    says which one is missing."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    monkeypatch.setenv(plugin.ENV, "on")
+    _rename(monkeypatch, KVWriteLoc, "for_batch", "for_batch_v2")
+    with caplog.at_level(logging.INFO):
+        sglang_plugins.load_plugins()
+    assert not hooked() and plugin.TARGET not in HookRegistry._hooks
+    assert plugin.status()["enabled"] is False
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kdtree_engine.sglang"]
+    assert len(errors) == 1 and "sglang.srt.mem_cache.memory_pool.KVWriteLoc.for_batch" in errors[0]
+    assert "not hooking" in errors[0]
+
+
+def test_a_renamed_set_kv_buffer_means_no_hook(clean, fake_library, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV, "on")
+    _rename(monkeypatch, TritonAttnBackend, "_set_kv_buffer", "_set_kv_buffer_v2")
+    with caplog.at_level(logging.ERROR):
+        sglang_plugins.load_plugins()
+    assert not hooked() and "TritonAttnBackend._set_kv_buffer" in caplog.text
+
+
+def test_the_same_rename_at_run_time_sends_the_batch_to_sglangs_path_with_save(runtime_on, monkeypatch, caplog):
+    """Hooked, then KVWriteLoc.for_batch goes missing: the KV write fails inside the fallback,
+    SGLang's own forward_extend gets the call with save_kv_cache=True (it writes the KV), the
+    plugin wrote nothing, and the kernel never ran."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    _rename(monkeypatch, KVWriteLoc, "for_batch", "for_batch_v2")
+    backend, q, k, v, layer, fb = make_verify()
+    before = backend.token_to_kv_pool.get_key_buffer(0).clone()
+    orig = Original()
+    with caplog.at_level(logging.WARNING):
+        assert plugin.verify_hook(orig, backend, q, k, v, layer, fb, save_kv_cache=True) == "sglang-result"
+    (b, args, kwargs), = orig.calls
+    assert kwargs == {"save_kv_cache": True} and args[1] is k  # the call as SGLang made it
+    assert torch.equal(backend.token_to_kv_pool.get_key_buffer(0), before)  # not written by the plugin
+    assert runtime_on == []
+    assert plugin.status()["fallbacks"] == {plugin.K_KV_WRITE: 1}
+    assert "[tp 3]" in caplog.text and "AttributeError" in caplog.text
+
+
+def test_a_failing_kv_write_is_not_retried_by_the_plugin(runtime_on, monkeypatch):
+    calls = []
+
+    def broken(self, forward_batch, layer, loc_info, k, v, k_scale=None, v_scale=None):
+        calls.append(1)
+        raise RuntimeError("pool changed")
+
+    monkeypatch.setattr(FakeBackend, "_set_kv_buffer", broken)
+    backend, q, k, v, layer, fb = make_verify()
+    orig = Original()
+    assert plugin.verify_hook(orig, backend, q, k, v, layer, fb) == "sglang-result"
+    assert calls == [1] and len(orig.calls) == 1 and orig.calls[0][2] == {}  # save_kv_cache default True
+    assert runtime_on == []
+
+
+def test_many_distinct_bad_batches_log_once_per_kind_and_stay_bounded(runtime_on, monkeypatch, caplog):
+    """Issue 18 item 4: 2000 batches, each refused with its own numbers (drafts per request,
+    kernel messages): one line per kind, the counters keyed by kind only."""
+    from kdtree_engine.kernel.op import VerifyArgumentError
+
+    orig = Original()
+    with caplog.at_level(logging.INFO, logger="kdtree_engine.sglang"):
+        for i in range(1000):
+            backend, q, k, v, layer, fb = make_verify()
+            backend.forward_metadata.max_extend_len = 129 + i
+            plugin.verify_hook(orig, backend, q, k, v, layer, fb)
+
+        counter = iter(range(10**6))
+
+        def refuse(a):
+            raise VerifyArgumentError(f"verify_attention: argument 'kv_indices': expected {next(counter)} slot ids")
+
+        monkeypatch.setattr(plugin, "_launch", refuse)
+        for _ in range(1000):
+            backend, q, k, v, layer, fb = make_verify()
+            plugin.verify_hook(orig, backend, q, k, v, layer, fb)
+    lines = [r.getMessage() for r in caplog.records if "falling back" in r.getMessage()]
+    assert len(lines) == 2 and all(line.startswith("kdtree verify [tp 3]:") for line in lines)
+    assert "(129 draft tokens per request)" in lines[0] and "expected 0 slot ids" in lines[1]
+    st = plugin.status()
+    assert st["fallbacks"] == {"draft tokens per request not supported (1..128)": 1000, plugin.K_REFUSED: 1000}
+    assert len(plugin._runtime.logged) == 2 and len(orig.calls) == 2000
+
+
+def test_fallback_kinds_are_capped(monkeypatch):
+    r = plugin._Runtime()
+    for i in range(500):
+        r.note(f"kind {i}", logging.DEBUG)
+    assert len(r.fallbacks) == plugin.MAX_KINDS + 1 and r.fallbacks[plugin.OTHER_KIND] == 500 - plugin.MAX_KINDS
+    assert len(r.logged) == plugin.MAX_KINDS + 1

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kdtree_engine.smoke.client import HttpError, SmokeClient, wait_ready
-from kdtree_engine.smoke.fake_server import FakeConfig, FakeServer
+from kdtree_engine.testing.fake_server import FakeConfig, FakeServer
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def fake_cmd(port: int, *extra: str) -> str:
-    return " ".join([PY, "-m", "kdtree_engine.smoke.fake_server", "--port", str(port), *extra])
+    return " ".join([PY, "-m", "kdtree_engine.testing.fake_server", "--port", str(port), *extra])
 
 
 def launch(tmp_path: Path, command: str, *args: str) -> tuple[int, dict]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install kdtree-engine (editable, with the dev and build extras) into the Python
+# Install kdtree-engine (editable, with the dev, build and pipeline extras) into the Python
 # that runs this, and never replace a torch that is already there.
 #   bash tools/setup.sh            PYTHON=python3.11 bash tools/setup.sh
 # A machine without torch gets the CPU build ($KDTREE_TORCH_PIN, default
@@ -17,4 +17,4 @@ else
   echo "setup: no importable torch; installing the CPU build $pin"
   "$py" -m pip install "$pin"
 fi
-"$py" -m pip install -e '.[dev,build]'
+"$py" -m pip install -e '.[dev,build,pipeline]'

@@ -25,7 +25,7 @@ HEAD_DIM = 576
 V_DIM = 512
 BF16 = 2
 SLOT_BYTES = HEAD_DIM * BF16  # 1152
-#: measured on the H200, DESIGN section 6 (for reference only: the gate measures its own)
+#: measured on the H200, docs/design.md section 6 (for reference only: the gate measures its own)
 DESIGN_H200_COPY_BPS = 4.27e12
 DESIGN_H200_MATMUL_FLOPS = 790e12
 

@@ -7,9 +7,9 @@ Every case is run with a tree mask (``eagle``) and/or a chain mask; SGLang's
 split-KV kernel and FlashMLA only run chains, SGLang's extend kernel runs the
 tree (its time does not depend on the mask).
 
-Suites (DESIGN section 6, issues 4, 7 and 8):
+Suites (docs/design.md section 6, issues 4, 7 and 8):
 
-- ``micro``: the 13 shapes of the DESIGN section 6 table (Phase 1).
+- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1).
 - ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
 - ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
   contiguous, in runs of 16/64/256 and fully random, prefix 4k..91k: the
@@ -30,7 +30,7 @@ FRAG_LAYOUTS = ("contiguous", "runs256", "runs64", "runs16", "fragmented")
 
 @dataclass(frozen=True)
 class Case:
-    """One verify shape. ``n`` is drafts per request (the T column of DESIGN section 6)."""
+    """One verify shape. ``n`` is drafts per request (the T column of docs/design.md section 6)."""
 
     bs: int
     n: int
@@ -86,7 +86,7 @@ class Suite:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-#: DESIGN section 6: (bs, N, H, prefix)
+#: docs/design.md section 6: (bs, N, H, prefix)
 MICRO_SHAPES = (
     (1, 16, 8, 4096), (1, 16, 8, 23000), (1, 16, 8, 65536), (1, 16, 8, 91000),
     (1, 16, 64, 32768), (8, 16, 8, 32768), (32, 8, 16, 8192), (64, 4, 16, 4096),
@@ -105,7 +105,7 @@ EXTEND_TARGET_MIN_PREFIX = 23000
 SUITES: dict[str, Suite] = {
     "micro": Suite(
         "micro",
-        "Phase 1: the DESIGN section 6 shapes, tree and chain, every peer",
+        "Phase 1: the docs/design.md section 6 shapes, tree and chain, every peer",
         tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES),
         SYSTEMS,
         ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction"),

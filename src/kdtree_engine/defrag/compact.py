@@ -34,7 +34,7 @@ Contract for use inside a server (between scheduler steps):
   on); any kernel enqueued after :func:`apply_plan` returns sees the whole move,
   so a request's KV is never read half-moved.
 * Every holder of a moved slot id must be passed (``holders``): radix-tree node
-  values (:func:`kdtree_engine.defrag.sglang_adapter.radix_values`), cached
+  values (every live ``TreeNode.value`` of SGLang's radix cache), cached
   ``prefix_indices`` of live requests, and so on. Slot ids in use that appear
   in neither the requests, the holders nor the free set are left where they are
   and never used as a destination.

@@ -1,8 +1,9 @@
 """ctypes binding of the kernel library's C ABI (csrc/kdtree_verify.h).
 
 The library is built by the ``build`` gate (:mod:`kdtree_engine.kernel.build`)
-with a static CUDA runtime, so it loads through ctypes in any Python that has a
-CUDA driver. ``KDTREE_LIB`` points at another build.
+with a static CUDA runtime, so it loads through ctypes in any Python (loading needs
+no GPU; running needs a CUDA driver). Found as: ``KDTREE_LIB`` if set, else the
+copy a wheel ships in ``kdtree_engine/_lib/``, else the checkout's ``build/lib``.
 """
 
 from __future__ import annotations
@@ -119,13 +120,27 @@ def bind_choose_config(lib: ctypes.CDLL):
     return fn
 
 
+#: Where a wheel ships the library (``setup.py`` builds it into the package).
+PACKAGED = Path(__file__).resolve().parents[1] / "_lib" / LIB_NAME
+
+
 def default_library_path() -> Path:
+    """``KDTREE_LIB`` (an explicit choice wins), else the library packaged in the wheel,
+    else the checkout's ``build/lib`` (editable installs, ``python -m kdtree_engine build``)."""
     env = os.environ.get("KDTREE_LIB")
     if env:
         return Path(env)
+    if PACKAGED.is_file():
+        return PACKAGED
     from kdtree_engine.kernel.build import default_out_dir
 
-    return default_out_dir() / LIB_NAME
+    try:
+        return default_out_dir() / LIB_NAME
+    except Exception as e:  # noqa: BLE001 - no checkout around (an installed wheel without its library)
+        raise KernelLibraryError(
+            f"no kernel library: none packaged at {PACKAGED} and no kdtree-engine checkout to find "
+            f"build/lib in ({e}); install the wheel (it ships the library) or set KDTREE_LIB"
+        ) from None
 
 
 class Library:

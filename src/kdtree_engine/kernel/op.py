@@ -96,11 +96,22 @@ def _latent_rows(name: str, t: torch.Tensor) -> tuple[int, int]:
     raise _err(name, f"shape [rows, 1, {HEAD_DIM}] or [rows, {HEAD_DIM}]", list(t.shape))
 
 
+def _has_memory(t: torch.Tensor) -> bool:
+    """Does ``t`` have real memory (an address)? Fake tensors (torch.compile's tracing,
+    ``torch.library.opcheck``) and meta tensors have none: address checks are skipped
+    for them and run again on the real tensors at the call."""
+    if t.device.type == "meta" or torch.compiler.is_compiling():  # dynamo traces fake tensors
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t)
+
+
 def _check_rows(name: str, t: torch.Tensor, row_strides: Sequence[int]) -> None:
     """Last dim contiguous, 16-byte aligned rows (the kernel moves 16 bytes at a time)."""
     if t.stride(-1) != 1:
         raise _err(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
-    if t.numel() and t.data_ptr() % 16:
+    if t.numel() and _has_memory(t) and t.data_ptr() % 16:
         raise _err(name, "a 16-byte aligned data pointer", f"address {t.data_ptr():#x}")
     for s in row_strides:
         if s % 8:
@@ -131,6 +142,8 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if not (a.is_contiguous() and b.is_contiguous()):
         return False
+    if not (_has_memory(a) and _has_memory(b)):
+        return False  # no addresses to compare (fake/meta); checked on the real tensors
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     (x0, x1), (y0, y1) = _span(a), _span(b)
@@ -178,6 +191,13 @@ def check_arguments(
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
         raise _err("qo_indptr", "a 1-D tensor of batch size + 1 >= 1 elements", list(qo_indptr.shape))
     bs = qo_indptr.numel() - 1
+    # The batch size comes from qo_indptr; when kv_indptr and mask_indptr agree on another
+    # length, qo_indptr is the odd one out and the error names it.
+    others = {t.numel() for t in (kv_indptr, mask_indptr) if isinstance(t, torch.Tensor) and t.dim() == 1}
+    if len(others) == 1 and qo_indptr.numel() not in others:
+        n = others.pop()
+        raise _err("qo_indptr", f"{n} elements (batch size + 1, as kv_indptr and mask_indptr have)",
+                   qo_indptr.numel())
     _check_index("qo_indptr", qo_indptr, (torch.int32, torch.int64), bs + 1)
     _check_index("kv_indptr", kv_indptr, (torch.int32, torch.int64), bs + 1)
     _check_index("kv_indices", kv_indices, (torch.int64, torch.int32), None)
@@ -266,27 +286,49 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-class _Workspaces:
-    """One workspace per device, grown by doubling and never freed while the
-    process runs: a captured graph keeps the address it saw, so every buffer a
-    capture may have used stays alive. Growth is rare (the first call, then
-    only a larger shape) and allowed during capture too (the buffer then comes
-    from the graph's pool and is kept like any other)."""
+def _alloc_workspace(device_index: int, nbytes: int) -> torch.Tensor:
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_index))
+    ws[:WS_HEADER].zero_()  # the header (error word, counters) starts at zero: no kernel clears it
+    return ws
 
-    def __init__(self) -> None:
+
+class _Workspaces:
+    """One workspace per (device, stream), grown by doubling and never freed while
+    the process runs.
+
+    Per stream: two streams running the kernel at once must not share the split-KV
+    partials and the error word (the kernel writes and reads its workspace during
+    the call), while calls on one stream are ordered and can share one. The key is
+    the raw stream handle (``cudaStream_t``), so the default stream, a side stream
+    and a graph's capture stream each get their own.
+
+    Never freed: a captured graph keeps the address it saw, so every buffer a
+    capture may have used stays alive (``_keep``), also after growth replaced it
+    for later calls. Growth is rare (the first call on a stream, then only a larger
+    shape) and allowed during capture too (the buffer then comes from the graph's
+    pool and is kept like any other). Two replays of graphs captured on one stream
+    share that stream's workspace, so replay them on one stream, as SGLang does.
+    """
+
+    def __init__(self, alloc=_alloc_workspace) -> None:
         self._lock = threading.Lock()
-        self._cur: dict[int, torch.Tensor] = {}
+        self._alloc = alloc
+        self._cur: dict[tuple[int, int], torch.Tensor] = {}
         self._keep: list[torch.Tensor] = []
 
-    def get(self, device: torch.device, nbytes: int) -> torch.Tensor:
+    def get(self, device: torch.device, nbytes: int, stream: int | None = None) -> torch.Tensor:
+        """The workspace of ``stream`` (a ``cudaStream_t`` handle; default: the current
+        stream of ``device``) with at least ``nbytes`` bytes."""
         idx = device.index if device.index is not None else torch.cuda.current_device()
+        if stream is None:
+            stream = torch.cuda.current_stream(idx).cuda_stream
+        key = (idx, int(stream))
         with self._lock:
-            ws = self._cur.get(idx)
+            ws = self._cur.get(key)
             if ws is None or ws.numel() < nbytes:
                 size = max(nbytes, 2 * (0 if ws is None else ws.numel()), 1 << 20)
-                ws = torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", idx))
-                ws[:WS_HEADER].zero_()  # the header (error word, counters) starts at zero
-                self._cur[idx] = ws
+                ws = self._alloc(idx, size)
+                self._cur[key] = ws
                 self._keep.append(ws)
             return ws
 
@@ -351,6 +393,32 @@ def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, 
             raise RuntimeError(f"kdtree verify kernel flagged bad device values: {library.describe_device_error(bits)}")
 
 
+def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
+         workspace: torch.Tensor | None, sm_scale: float, max_n: int, num_splits: int | None,
+         max_prefix_len: int | None, target: int = 0) -> None:
+    """Choose the splits and the workspace (host-side, from the library), then launch.
+    Shared by the eager path and the custom op's CUDA implementation."""
+    from kdtree_engine.kernel import library
+
+    lib = library.load()
+    T, H = q.shape[0], q.shape[1]
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if num_splits is None:
+        num_splits = choose_num_splits(qo_indptr.numel() - 1, max_n, H, _sm_count(dev), lib.block_rows(dev, target),
+                                       max_prefix_len)
+    need = lib.workspace_bytes(T * H, num_splits)
+    if workspace is None:
+        workspace = _workspaces.get(q.device, need)
+    elif workspace.numel() < need:
+        raise _err("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
+                   f"{workspace.numel()} bytes on {workspace.device}")
+    if debug_enabled() and not torch.cuda.is_current_stream_capturing():
+        pool, _ = _latent_rows("kv_buffer", kv_buffer)
+        _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool, max_n)
+    _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+            out, lse, workspace, float(sm_scale), max_n, num_splits, target)
+
+
 @torch.library.custom_op(OP_NAME, mutates_args=("out", "lse", "workspace"), device_types="cuda")
 def _verify_attention_op(
     q: torch.Tensor,
@@ -363,19 +431,26 @@ def _verify_attention_op(
     mask_indptr: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor | None,
-    workspace: torch.Tensor,
+    workspace: torch.Tensor | None,
     sm_scale: float,
     max_n: int,
     num_splits: int,
+    max_prefix_len: int,
     target: int,
 ) -> None:
-    _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, sm_scale, max_n, num_splits, target)
+    """The op torch.compile sees. ``num_splits`` 0 and ``workspace`` None: chosen at run
+    time (the per-stream workspace); ``max_prefix_len`` -1: no hint; ``target`` the ABI's
+    KDTREE_TARGET_* code."""
+    _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
+         sm_scale, max_n, num_splits or None, None if max_prefix_len < 0 else max_prefix_len, target)
 
 
 @_verify_attention_op.register_fake
 def _(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-      out, lse, workspace, sm_scale, max_n, num_splits, target) -> None:
+      out, lse, workspace, sm_scale, max_n, num_splits, max_prefix_len, target) -> None:
+    # The same host-side checks as an eager call, on fake tensors (shapes, dtypes, strides).
+    check_arguments(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
+                    sm_scale, max_n, out, lse, require_cuda=False)
     return None
 
 
@@ -400,11 +475,11 @@ def verify_attention(
     workspace: torch.Tensor | None = None,
     target: str | None = None,
 ):
-    """Tree-verify MLA attention (DESIGN section 4).
+    """Tree-verify MLA attention (docs/design.md section 4).
 
     q [T, H, 576] bf16; k_ext [T, 1, 576] (or [T, 576]) bf16, the drafts' own
     latents; kv_buffer [P, 1, 576] (or [P, 576]) bf16, the paged pool;
-    qo_indptr, kv_indptr int32 [bs + 1]; kv_indices int64 or int32;
+    qo_indptr, kv_indptr int32 or int64 [bs + 1]; kv_indices int64 or int32;
     custom_mask bool or uint8, SGLang FULL_MASK; mask_indptr int64 [bs + 1];
     max_n: the most drafts any request has (a Python int).
 
@@ -412,9 +487,14 @@ def verify_attention(
     ``return_lse``). ``num_splits`` overrides the split-KV heuristic;
     ``max_prefix_len`` and ``prefix_lens_cpu`` are host-side hints that tune
     it and enable more checks. ``workspace`` (uint8 CUDA tensor) replaces the
-    per-device cached one (its first 256 bytes must be zero when first used).
-    ``target``: ``"native"`` or ``"sm_120"`` (what an sm_120 GPU runs, under its
-    limits, on a GPU of compute capability >= 9.0); None reads ``KDTREE_TARGET``.
+    cached one of the current (device, stream); its first 256 bytes must be zero
+    when it is first used. ``target``: ``"native"`` or ``"sm_120"`` (what an sm_120
+    GPU runs, under its limits, on a GPU of compute capability >= 9.0); None reads
+    ``KDTREE_TARGET``.
+
+    Under ``torch.compile`` the call is one opaque op (``kdtree::verify_attention``)
+    whose fake implementation runs the same checks; the library is consulted
+    only when the compiled code runs.
     """
     tcode = resolve_target(target)
     if prefix_lens_cpu is not None and max_prefix_len is None:
@@ -427,28 +507,20 @@ def verify_attention(
         out = torch.empty((T, H, V_DIM), dtype=torch.bfloat16, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-    from kdtree_engine.kernel import library
-
-    lib = library.load()
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if num_splits is None:
-        num_splits = choose_num_splits(shapes.bs, max_n, H, _sm_count(dev), lib.block_rows(dev, tcode), max_prefix_len)
-    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 65535:
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= 65535):
         raise _err("num_splits", "an int in [1, 65535]", num_splits)
-    need = lib.workspace_bytes(T * H, num_splits)
-    if workspace is None:
-        workspace = _workspaces.get(q.device, need)
-    else:
+    if workspace is not None:
         _check_dtype("workspace", workspace, (torch.uint8,))
-        if workspace.device != q.device or workspace.numel() < need or not workspace.is_contiguous():
-            raise _err("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
+        if workspace.device != q.device or not workspace.is_contiguous():
+            raise _err("workspace", f"a contiguous uint8 tensor on {q.device}",
                        f"{workspace.numel()} bytes on {workspace.device}")
-    if debug_enabled() and not torch.cuda.is_current_stream_capturing():
-        _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, shapes.pool_size, max_n)
     if torch.compiler.is_compiling():  # one opaque op in the compiled graph
         torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-                                          mask_indptr, out, lse, workspace, float(sm_scale), max_n, num_splits, tcode)
+                                          mask_indptr, out, lse, workspace, float(sm_scale), max_n,
+                                          num_splits or 0, -1 if max_prefix_len is None else int(max_prefix_len),
+                                          tcode)
     else:  # eager and CUDA-graph capture: skip the dispatcher's Python overhead
-        _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-                out, lse, workspace, float(sm_scale), max_n, num_splits, tcode)
+        _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
+             workspace, sm_scale, max_n, num_splits, max_prefix_len, tcode)
     return (out, lse) if return_lse else out

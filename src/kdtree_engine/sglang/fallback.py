@@ -1,9 +1,18 @@
 """When the plugin hands a ``forward_extend`` call to the owned kernel, and why not.
 
-Every rule is one small predicate over a :class:`VerifyCall` returning
-``(ok, reason)``; :func:`evaluate` runs them in order and returns the first
-refusal. The hook calls SGLang's original code for every refused call, so a
-predicate that is too strict costs speed, never correctness.
+Every rule is one small predicate over a :class:`VerifyCall` returning a
+:class:`Verdict`: accepted, or refused with a *kind* (a fixed sentence with no
+per-batch numbers: the key the plugin counts and logs once) and a *detail* (the
+values of the first such call, logged with it). :func:`evaluate` runs them in
+order and returns the first refusal. The hook calls SGLang's original code for
+every refused call, so a predicate that is too strict costs speed, never
+correctness.
+
+The predicates fail closed: they read SGLang's attributes directly (no
+``getattr`` default that would read a renamed attribute as "supported"), every
+name they read is listed in :data:`REQUIRED` and checked on SGLang's classes
+when the hook is registered (:func:`kdtree_engine.sglang.drift.check`), and a
+predicate that raises refuses the call.
 
 The predicates read only host-side facts (Python attributes, tensor dtypes and
 shapes): none reads device memory, so the decision is free under CUDA-graph
@@ -16,16 +25,59 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from kdtree_engine.kernel.op import HEAD_DIM, MAX_DRAFTS, MAX_HEADS, V_DIM
 
-#: Result of one predicate: (accepted, reason it was refused or "").
-Verdict = tuple[bool, str]
 
-OK: Verdict = (True, "")
+class Verdict(NamedTuple):
+    """Result of one predicate."""
+
+    ok: bool
+    kind: str = ""  # why it was refused: a fixed sentence, the counter's key
+    detail: str = ""  # the values behind it (logged with the first refusal of the kind)
+
+
+OK = Verdict(True)
+
+
+class Decision(NamedTuple):
+    """Result of :func:`evaluate`."""
+
+    ok: bool
+    kind: str
+    level: int
+    detail: str = ""
+
+
+#: Every attribute and method of SGLang's objects that the predicates, ``prepare``
+#: and ``save_kv`` read: (module, class) -> names. The drift check confirms each
+#: exists on the class (as a class attribute, a dataclass field, or an attribute
+#: some method of the class or its bases assigns) before the hook is registered.
+REQUIRED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"): (
+        "use_mla", "token_to_kv_pool", "dcp_size", "forward_metadata", "dllm_attention",
+        "enable_deterministic", "use_verify_shared_kv", "use_verify_splitkv",
+        "use_dense_fp8_chunked_prefill", "use_sliding_window_kv_pool", "forward_extend", "_set_kv_buffer",
+    ),
+    ("sglang.srt.layers.attention.triton_backend", "ForwardMetadata"): (
+        "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr", "max_extend_len",
+        "swa_out_cache_loc",
+    ),
+    ("sglang.srt.layers.radix_attention", "RadixAttention"): (
+        "tp_q_head_num", "qk_head_dim", "v_head_dim", "scaling", "layer_id", "k_scale", "v_scale",
+        "sliding_window_size", "logit_cap", "logit_capping_method", "xai_temperature_len", "attn_type",
+        "is_cross_attention",
+    ),
+    ("sglang.srt.model_executor.forward_batch_info", "ForwardBatch"): (
+        "forward_mode", "out_cache_loc", "out_cache_loc_is_physical", "seq_lens_cpu", "_attn_output",
+    ),
+    ("sglang.srt.model_executor.forward_batch_info", "ForwardMode"): ("is_target_verify", "name"),
+    ("sglang.srt.mem_cache.memory_pool", "MLATokenToKVPool"): ("dtype", "store_dtype", "get_key_buffer"),
+    ("sglang.srt.mem_cache.memory_pool", "KVWriteLoc"): ("for_batch",),
+}
 
 
 @dataclass(frozen=True)
@@ -45,11 +97,11 @@ class VerifyCall:
 
     @property
     def metadata(self) -> Any:
-        return getattr(self.backend, "forward_metadata", None)
+        return self.backend.forward_metadata
 
 
-def _no(reason: str) -> Verdict:
-    return False, reason
+def _no(kind: str, detail: str = "") -> Verdict:
+    return Verdict(False, kind, detail)
 
 
 # --- scope: is this a call the kernel is meant for at all? -------------------------------
@@ -57,16 +109,15 @@ def _no(reason: str) -> Verdict:
 
 def is_target_verify(c: VerifyCall) -> Verdict:
     """Only the TARGET_VERIFY forward (tree verify of the drafts)."""
-    mode = getattr(c.forward_batch, "forward_mode", None)
-    is_tv = getattr(mode, "is_target_verify", None)
-    if is_tv is None or not is_tv():
-        return _no(f"not a TARGET_VERIFY forward ({getattr(mode, 'name', mode)})")
+    mode = c.forward_batch.forward_mode
+    if not mode.is_target_verify():
+        return _no("not a TARGET_VERIFY forward", f"forward mode {mode.name}")
     return OK
 
 
 def is_mla(c: VerifyCall) -> Verdict:
     """Only MLA models (one shared latent KV head)."""
-    if getattr(c.backend, "use_mla", False) is not True:
+    if c.backend.use_mla is not True:
         return _no("not an MLA model")
     return OK
 
@@ -76,9 +127,9 @@ def is_mla(c: VerifyCall) -> Verdict:
 
 def head_dims(c: VerifyCall) -> Verdict:
     """576-wide latent (512 nope + 64 rope) in, 512 out."""
-    qk, vd = getattr(c.layer, "qk_head_dim", None), getattr(c.layer, "v_head_dim", None)
+    qk, vd = c.layer.qk_head_dim, c.layer.v_head_dim
     if (qk, vd) != (HEAD_DIM, V_DIM):
-        return _no(f"head dims {qk}/{vd} not supported (the kernel needs {HEAD_DIM}/{V_DIM})")
+        return _no(f"head dims not supported (the kernel needs {HEAD_DIM}/{V_DIM})", f"head dims {qk}/{vd}")
     return OK
 
 
@@ -86,48 +137,50 @@ def activation_dtype(c: VerifyCall) -> Verdict:
     """bf16 queries and draft latents."""
     for name, t in (("q", c.q), ("k", c.k)):
         if t is not None and t.dtype != torch.bfloat16:
-            return _no(f"{name} dtype {t.dtype} not supported (the kernel needs torch.bfloat16)")
+            return _no(f"{name} dtype not supported (the kernel needs torch.bfloat16)", f"{name} dtype {t.dtype}")
     return OK
 
 
 def kv_cache_dtype(c: VerifyCall) -> Verdict:
     """A bf16 KV pool without per-layer KV scales (no fp8 / fp4 KV cache)."""
-    pool = getattr(c.backend, "token_to_kv_pool", None)
-    dtypes = {getattr(pool, "dtype", None), getattr(pool, "store_dtype", getattr(pool, "dtype", None))}
+    pool = c.backend.token_to_kv_pool
+    dtypes = {pool.dtype, pool.store_dtype}
     for dt in dtypes:
         if isinstance(dt, torch.dtype) and dt.is_floating_point and dt.itemsize == 1:
-            return _no(f"fp8 KV cache ({dt}) not supported")
+            return _no("fp8 KV cache not supported", f"fp8 KV cache ({dt})")
     if dtypes != {torch.bfloat16}:
-        return _no(f"KV cache dtype {sorted(map(str, dtypes))} not supported (the kernel needs torch.bfloat16)")
-    if getattr(c.layer, "k_scale", None) is not None or getattr(c.layer, "v_scale", None) is not None:
+        return _no("KV cache dtype not supported (the kernel needs torch.bfloat16)",
+                   f"KV cache dtype {sorted(map(str, dtypes))}")
+    if c.layer.k_scale is not None or c.layer.v_scale is not None:
         return _no("scaled KV cache (layer k_scale / v_scale) not supported")
     return OK
 
 
 def no_sliding_window(c: VerifyCall) -> Verdict:
-    window = getattr(c.layer, "sliding_window_size", None)
+    window = c.layer.sliding_window_size
     if window is not None and window > -1:
-        return _no(f"sliding window attention (window {window}) not supported")
-    if getattr(c.backend, "use_sliding_window_kv_pool", False):
+        return _no("sliding window attention not supported", f"sliding window {window}")
+    if c.backend.use_sliding_window_kv_pool:
         return _no("sliding-window KV pool not supported")
     return OK
 
 
 def no_logit_cap(c: VerifyCall) -> Verdict:
-    cap = getattr(c.layer, "logit_cap", 0.0) or 0.0
+    cap = c.layer.logit_cap or 0.0
     if cap > 0:
-        return _no(f"logit cap ({cap}) not supported")
-    method = getattr(c.layer, "logit_capping_method", "tanh")
+        return _no("logit cap not supported", f"logit cap {cap}")
+    method = c.layer.logit_capping_method
     if method != "tanh":  # SGLang's own path rejects it; let it say so
-        return _no(f"logit capping method {method!r} not supported")
+        return _no("logit capping method not supported", f"logit capping method {method!r}")
     return OK
 
 
 def positive_scale(c: VerifyCall) -> Verdict:
-    scaling = getattr(c.layer, "scaling", None)
+    scaling = c.layer.scaling
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not math.isfinite(scaling) \
             or scaling <= 0:
-        return _no(f"softmax scale {scaling!r} not supported (the kernel needs a positive finite scale)")
+        return _no("softmax scale not supported (the kernel needs a positive finite scale)",
+                   f"softmax scale {scaling!r}")
     return OK
 
 
@@ -140,39 +193,39 @@ def no_sinks(c: VerifyCall) -> Verdict:
 def no_score_mod(c: VerifyCall) -> Verdict:
     if c.score_mod is not None or c.aux_tensors is not None:
         return _no("score_mod / aux_tensors not supported")
-    xai = getattr(c.layer, "xai_temperature_len", -1)
+    xai = c.layer.xai_temperature_len
     if xai is not None and xai > 0:
-        return _no(f"xai temperature scaling (xai_temperature_len {xai}) not supported")
+        return _no("xai temperature scaling not supported", f"xai_temperature_len {xai}")
     return OK
 
 
 def no_dcp(c: VerifyCall) -> Verdict:
-    dcp = getattr(c.backend, "dcp_size", None)
+    dcp = c.backend.dcp_size
     if dcp != 1:
-        return _no(f"decode context parallelism (dcp_size {dcp}) not supported")
+        return _no("decode context parallelism not supported", f"dcp_size {dcp}")
     return OK
 
 
 def causal_decoder(c: VerifyCall) -> Verdict:
     """SGLang's verify is causal decoder attention plus the tree mask."""
-    attn_type = getattr(getattr(c.layer, "attn_type", None), "name", None)
-    if getattr(c.layer, "is_cross_attention", False):
+    if c.layer.is_cross_attention:
         return _no("cross attention not supported")
+    attn_type = c.layer.attn_type.name
     if attn_type in ("ENCODER_ONLY", "DECODER_BIDIRECTIONAL"):
-        return _no(f"non-causal attention ({attn_type}) not supported")
+        return _no("non-causal attention not supported", f"attention type {attn_type}")
     return OK
 
 
 def plain_backend_mode(c: VerifyCall) -> Verdict:
     """No other special path of SGLang's Triton backend is active."""
     b = c.backend
-    if getattr(b, "dllm_attention", None) is not None:
+    if b.dllm_attention is not None:
         return _no("diffusion-LM attention path not supported")
-    if getattr(b, "enable_deterministic", False):
+    if b.enable_deterministic:
         return _no("deterministic inference (SGLang's unified kernel) keeps SGLang's path")
-    if getattr(b, "use_verify_shared_kv", False) or getattr(b, "use_verify_splitkv", False):
+    if b.use_verify_shared_kv or b.use_verify_splitkv:
         return _no("SGLang's own split-KV verify kernel is active")
-    if getattr(b, "use_dense_fp8_chunked_prefill", False):
+    if b.use_dense_fp8_chunked_prefill:
         return _no("dense fp8 chunked prefill path not supported")
     return OK
 
@@ -182,7 +235,8 @@ def kv_inputs(c: VerifyCall) -> Verdict:
     if (c.k is None) != (c.v is None):
         return _no("only one of k and v given")  # SGLang's path raises its own error
     if c.k is not None and c.k.shape[0] != c.q.shape[0]:
-        return _no(f"k has {c.k.shape[0]} rows for {c.q.shape[0]} query rows (one-shot MHA)")
+        return _no("k rows differ from query rows (one-shot MHA)",
+                   f"k has {c.k.shape[0]} rows for {c.q.shape[0]} query rows")
     return OK
 
 
@@ -190,22 +244,22 @@ def has_verify_metadata(c: VerifyCall) -> Verdict:
     m = c.metadata
     if m is None:
         return _no("no forward metadata")
-    for name in ("qo_indptr", "kv_indptr", "kv_indices", "mask_indptr"):
-        if getattr(m, name, None) is None:
-            return _no(f"forward metadata has no {name}")
-    if getattr(m, "custom_mask", None) is None:
+    for t in (m.qo_indptr, m.kv_indptr, m.kv_indices, m.mask_indptr):
+        if t is None:
+            return _no("forward metadata lacks an index tensor")
+    if m.custom_mask is None:
         return _no("custom_mask is None (verify without a tree mask)")
     return OK
 
 
 def batch_limits(c: VerifyCall) -> Verdict:
     """At most 128 heads per GPU and 128 drafts per request."""
-    heads = getattr(c.layer, "tp_q_head_num", None)
+    heads = c.layer.tp_q_head_num
     if not isinstance(heads, int) or not 1 <= heads <= MAX_HEADS:
-        return _no(f"{heads} query heads per GPU not supported (1..{MAX_HEADS})")
-    n = getattr(c.metadata, "max_extend_len", None)
+        return _no(f"query heads per GPU not supported (1..{MAX_HEADS})", f"{heads} query heads per GPU")
+    n = c.metadata.max_extend_len
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DRAFTS:
-        return _no(f"{n} draft tokens per request not supported (1..{MAX_DRAFTS})")
+        return _no(f"draft tokens per request not supported (1..{MAX_DRAFTS})", f"{n} draft tokens per request")
     return OK
 
 
@@ -230,18 +284,22 @@ COVERAGE: tuple[Callable[[VerifyCall], Verdict], ...] = (
     batch_limits,
 )
 
+#: The kind of a refusal by a predicate that raised (SGLang handed us something unexpected).
+PREDICATE_FAILED = "a fallback predicate could not read the call (SGLang changed?)"
 
-def evaluate(call: VerifyCall) -> tuple[bool, str, int]:
-    """Run every predicate; return (ok, reason, log level) of the first refusal."""
-    for pred in SCOPE:
-        ok, reason = pred(call)
-        if not ok:
-            return False, reason, logging.INFO
-    for pred in COVERAGE:
-        ok, reason = pred(call)
-        if not ok:
-            return False, reason, logging.WARNING
-    return True, "", logging.DEBUG
+
+def evaluate(call: VerifyCall) -> Decision:
+    """Run every predicate; return the first refusal (ok, kind, log level, detail).
+    A predicate that raises refuses the call: the plugin fails closed."""
+    for preds, level in ((SCOPE, logging.INFO), (COVERAGE, logging.WARNING)):
+        for pred in preds:
+            try:
+                ok, kind, detail = pred(call)
+            except Exception as e:  # noqa: BLE001 - anything unexpected keeps SGLang's path
+                return Decision(False, PREDICATE_FAILED, logging.WARNING, f"{pred.__name__}: {type(e).__name__}: {e}")
+            if not ok:
+                return Decision(False, kind, level, detail)
+    return Decision(True, "", logging.DEBUG)
 
 
 # --- the kernel library ----------------------------------------------------------------
@@ -276,5 +334,5 @@ def device_supported(lib: Any, capability: tuple[int, int]) -> Verdict:
     info = getattr(lib, "archs", "")
     sass, ptx = library_archs(info)
     if (sass or ptx) and cc not in sass and not any(p <= cc for p in ptx):
-        return _no(f"kernel library built for {info} has no code for sm_{cc}")
+        return _no("kernel library has no code for this device", f"kernel library built for {info} has no code for sm_{cc}")
     return OK

@@ -21,7 +21,7 @@ pip-installed), the parent writes a minimal ``kdtree_engine-<ver>.dist-info``
 (``METADATA`` + ``entry_points.txt``) into a temporary folder and puts it on the
 workers' ``PYTHONPATH``; no pip and no network needed.
 
-Stand-ins: the workers install :mod:`kdtree_engine.sglang._standins` for
+Stand-ins: the workers install :mod:`kdtree_engine.testing.standins` for
 ``sgl_kernel`` (and ``torchvision``) only when the real package is missing;
 the evidence records whether they were used.
 """
@@ -455,7 +455,7 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--kit-graph-only", action="store_true", help="only the kit's CUDA-graph checks (graph gate)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kdtree_engine.sglang import _standins
+    from kdtree_engine.testing import standins as _standins
 
     standins = {"sgl_kernel": _standins.install_sgl_kernel_standin(),
                 "torchvision": _standins.install_torchvision_standin()}

@@ -5,8 +5,12 @@ SGLang calls :func:`load` (entry point ``kdtree_verify`` in the group
 launcher and in every scheduler / tensor-parallel worker process. With
 ``KDTREE_VERIFY=on`` it registers an AROUND hook on
 ``TritonAttnBackend.forward_extend`` with SGLang's ``HookRegistry``; with
-``off`` or unset it registers nothing; any other value is a configuration error
-raised at plugin load, naming the variable.
+``off`` or unset it registers nothing; any other value ends the process at plugin
+load (:class:`KdtreeConfigExit`, a ``SystemExit``: SGLang's loader catches
+``Exception`` from plugins and would keep serving), naming the variable and value.
+Before hooking, :func:`kdtree_engine.sglang.drift.check` confirms that every
+attribute and method of SGLang's classes the hooked path reads exists; if one is
+missing nothing is hooked and the error names it.
 
 The hook (:func:`verify_hook`) takes a call only when every predicate of
 :mod:`kdtree_engine.sglang.fallback` accepts it; it then saves the draft KV to
@@ -15,8 +19,12 @@ the pool with SGLang's own code (``KVWriteLoc.for_batch`` +
 :func:`kdtree_engine.kernel.op.verify_attention` on SGLang's own metadata,
 writing into the output tensor SGLang would return (``[tokens, heads * 512]``).
 Every other call, and every call the kernel rejects, goes to SGLang's original
-method. What is active, and each distinct reason for falling back, is logged
-once per process on the ``kdtree_engine.sglang`` logger.
+method. Every step of the hooked path that touches SGLang's objects runs inside
+that fallback, the KV write included: a KV write that fails sends the call to
+SGLang's own method with ``save_kv_cache`` as given (so it writes the KV once).
+What is active, and each *kind* of fallback (a fixed sentence, no per-batch
+numbers), is logged once per process with the tensor-parallel rank; counters are
+in :func:`status`.
 """
 
 from __future__ import annotations
@@ -65,6 +73,12 @@ _DEFAULTS = {n: d for n, d in EXPECTED_PARAMS[1:] if d is not _E}
 
 class KdtreeConfigError(ValueError):
     """A user configuration error (a bad ``KDTREE_VERIFY`` value)."""
+
+
+class KdtreeConfigExit(SystemExit):
+    """Raised by :func:`load` on a configuration error: a ``SystemExit``, which SGLang's
+    ``load_plugins`` (it catches ``Exception``) lets through, so the launch stops with
+    exit status 1 and this message on stderr instead of serving without the plugin."""
 
 
 def read_switch(environ: Mapping[str, str] | None = None) -> bool:
@@ -119,8 +133,34 @@ def resolve_target() -> tuple[Callable[..., Any] | None, str]:
     return getattr(cls, TARGET_METHOD), ""
 
 
+def _rank_label() -> str:
+    """``tp <rank>`` once SGLang knows this process's tensor-parallel rank, else the pid."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return f"tp {int(get_parallel().tp_rank)}"
+    except Exception:  # noqa: BLE001 - not written yet (plugin load), or no SGLang
+        return f"pid {os.getpid()}"
+
+
+#: At most this many fallback kinds are counted by name (they are fixed sentences, so
+#: far fewer exist); any further one counts under OTHER_KIND.
+MAX_KINDS = 64
+OTHER_KIND = "other"
+
+# Run-time fallback kinds of the hooked path (the predicates' kinds are in fallback.py).
+K_LIBRARY = "kernel library failed to load"
+K_DEVICE = "device not supported by the kernel library"
+K_PREPARE = "cannot build the kernel's arguments"
+K_KV_WRITE = "KV write failed (SGLang's path writes it)"
+K_REFUSED = "kernel refused the batch"
+K_FAILED = "kernel failed (switched off for this process)"
+K_DISABLED = "kernel switched off for this process"
+
+
 class _Runtime:
-    """Per-process state: what was decided, what was logged, what ran."""
+    """Per-process state: what was decided, what was logged, what ran. Bounded: the
+    counters are keyed by kind (at most MAX_KINDS + 1 keys), each kind logged once."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -137,21 +177,24 @@ class _Runtime:
         self.kernel_calls = 0
         self.fallbacks: dict[str, int] = {}
 
-    def note(self, reason: str, level: int) -> None:
-        """Count a fallback; log each distinct reason once."""
+    def note(self, kind: str, level: int, detail: str = "") -> None:
+        """Count a fallback by kind; log each kind once (with the first call's detail)."""
         with self.lock:
-            self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
-            first = reason not in self.logged
-            self.logged.add(reason)
+            if kind not in self.fallbacks and len(self.fallbacks) >= MAX_KINDS:
+                kind = OTHER_KIND
+            self.fallbacks[kind] = self.fallbacks.get(kind, 0) + 1
+            first = kind not in self.logged
+            self.logged.add(kind)
         if first:
-            logger.log(level, "kdtree verify: falling back to SGLang's path: %s", reason)
+            logger.log(level, "kdtree verify [%s]: falling back to SGLang's path: %s%s (logged once per "
+                       "process; counts in plugin.status())", _rank_label(), kind, f" ({detail})" if detail else "")
 
     def disable(self, reason: str) -> None:
         with self.lock:
             first = self.disabled_reason is None
             self.disabled_reason = self.disabled_reason or reason
         if first:
-            logger.warning("kdtree verify: off: %s (SGLang's path serves from now on)", reason)
+            logger.warning("kdtree verify [%s]: off: %s (SGLang's path serves from now on)", _rank_label(), reason)
 
     def ensure_library(self) -> Any:
         if not self.library_checked:
@@ -166,22 +209,27 @@ class _Runtime:
         got = self.devices.get(idx)
         if got is None:
             cap = torch.cuda.get_device_capability(idx)
-            got = fallback.device_supported(self.library, cap)
+            ok, _, detail = fallback.device_supported(self.library, cap)
+            got = (ok, detail)
             self.devices[idx] = got
-            if got[0]:
-                logger.info(
-                    "kdtree verify: on, sm_%d%d, library %s", cap[0], cap[1], getattr(self.library, "path", "?")
-                )
+            if ok:
+                logger.info("kdtree verify [%s]: on, sm_%d%d, library %s", _rank_label(), cap[0], cap[1],
+                            getattr(self.library, "path", "?"))
             else:
-                logger.warning("kdtree verify: off on device %d: %s", idx, got[1])
+                logger.warning("kdtree verify [%s]: off on device %d: %s", _rank_label(), idx, detail)
         return got
+
+    def count_kernel_call(self) -> None:
+        with self.lock:
+            self.kernel_calls += 1
 
 
 _runtime = _Runtime()
 
 
 def status() -> dict[str, Any]:
-    """What the plugin decided and did in this process (for the integrate harness and tests)."""
+    """What the plugin decided and did in this process: enabled, reason, library,
+    kernel_calls and fallbacks (kind -> count)."""
     r = _runtime
     with r.lock:
         return {
@@ -194,13 +242,18 @@ def status() -> dict[str, Any]:
         }
 
 
+def _off(reason: str) -> None:
+    _runtime.enabled, _runtime.reason = False, reason
+    logger.error("kdtree verify [%s]: off: %s", _rank_label(), reason)
+
+
 def load() -> None:
     """Entry point SGLang's ``load_plugins()`` calls in every process."""
     try:
         on = read_switch()
     except KdtreeConfigError as e:
         logger.error("kdtree verify: %s", e)
-        raise
+        raise KdtreeConfigExit(f"kdtree verify: {e}; stopping (SGLang would otherwise serve without it)") from e
     _runtime.reset()
     if not on:
         _runtime.enabled = False
@@ -214,8 +267,13 @@ def load() -> None:
         if not ok:
             func = None
     if func is None:
-        _runtime.enabled, _runtime.reason = False, reason
-        logger.error("kdtree verify: off: %s", reason)
+        _off(reason)
+        return
+    from kdtree_engine.sglang import drift
+
+    missing = drift.check()
+    if missing:
+        _off(f"SGLang lacks what the hooked path reads: {', '.join(missing)}; not hooking")
         return
     lib = _runtime.ensure_library()
     if lib is None:
@@ -227,8 +285,9 @@ def load() -> None:
     HookRegistry.register(TARGET, verify_hook, HookType.AROUND)
     _runtime.enabled, _runtime.reason = True, f"{ENV}=on"
     logger.info(
-        "kdtree verify: hook registered on %s.%s (%s=on; library %s, built for %s); the device is checked "
-        "at the first verify step", TARGET_CLASS, TARGET_METHOD, ENV, lib.path, getattr(lib, "archs", "?")
+        "kdtree verify [%s]: hook registered on %s.%s (%s=on; library %s, built for %s); the device is checked "
+        "at the first verify step", _rank_label(), TARGET_CLASS, TARGET_METHOD, ENV, lib.path,
+        getattr(lib, "archs", "?"),
     )
 
 
@@ -268,11 +327,12 @@ def verify_hook(original: Callable[..., Any], backend: Any, *args: Any, **kwargs
         call = VerifyCall(backend=backend, **_split_args(args, kwargs))
     except TypeError:
         return original(backend, *args, **kwargs)  # let SGLang raise its own error
-    ok, reason, level = fallback.evaluate(call)
-    if ok and _runtime.disabled_reason is not None:
-        ok, reason, level = False, _runtime.disabled_reason, logging.WARNING
-    if not ok:
-        _runtime.note(reason, level)
+    d = fallback.evaluate(call)
+    if not d.ok:
+        _runtime.note(d.kind, d.level, d.detail)
+        return original(backend, *args, **kwargs)
+    if _runtime.disabled_reason is not None:
+        _runtime.note(K_DISABLED, logging.WARNING, _runtime.disabled_reason)
         return original(backend, *args, **kwargs)
     return run_verify(original, call, args, kwargs)
 
@@ -282,8 +342,9 @@ def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _prefix_hint(forward_batch: Any, bs: int) -> torch.Tensor | None:
-    """Prefix lengths already on the host (no sync); never baked into a CUDA graph."""
-    lens = getattr(forward_batch, "seq_lens_cpu", None)
+    """Prefix lengths already on the host (no sync); never baked into a CUDA graph.
+    Only a hint (tuning and extra checks): None when SGLang has none."""
+    lens = forward_batch.seq_lens_cpu
     if not isinstance(lens, torch.Tensor) or lens.device.type != "cpu" or lens.numel() != bs:
         return None
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -295,7 +356,7 @@ def prepare(call: VerifyCall) -> dict[str, Any]:
     """The kernel's arguments from SGLang's own tensors and metadata (no device read)."""
     b, layer, fb, m = call.backend, call.layer, call.forward_batch, call.metadata
     heads = layer.tp_q_head_num
-    attn_out = getattr(fb, "_attn_output", None)
+    attn_out = getattr(fb, "_attn_output", None)  # as SGLang's forward_extend reads it (optional there)
     # The tensor SGLang's forward_extend returns: [tokens, heads * v_head_dim].
     o = attn_out if attn_out is not None else call.q.new_empty((call.q.shape[0], heads * layer.v_head_dim))
     kv_buffer = b.token_to_kv_pool.get_key_buffer(layer.layer_id)
@@ -321,15 +382,16 @@ def prepare(call: VerifyCall) -> dict[str, Any]:
     }
 
 
-def save_kv(call: VerifyCall) -> None:
+def save_kv(call: VerifyCall) -> bool:
     """Save the drafts' KV to the pool with SGLang's own code, as forward_extend does
-    (the predicates guarantee no KV scales and no DCP)."""
+    (the predicates guarantee no KV scales and no DCP). Returns whether it wrote."""
     if call.k is None or not call.save_kv_cache:
-        return
+        return False
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    loc_info = KVWriteLoc.for_batch(call.forward_batch, swa_loc=getattr(call.metadata, "swa_out_cache_loc", None))
+    loc_info = KVWriteLoc.for_batch(call.forward_batch, swa_loc=call.metadata.swa_out_cache_loc)
     call.backend._set_kv_buffer(call.forward_batch, call.layer, loc_info, call.k, call.v)
+    return True
 
 
 def _launch(a: dict[str, Any]) -> None:
@@ -342,35 +404,52 @@ def _launch(a: dict[str, Any]) -> None:
     )
 
 
+def _describe_error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
 def run_verify(original: Callable[..., Any], call: VerifyCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Save KV as SGLang does, then the kernel; fall back to SGLang's path on any refusal."""
+    """Save KV as SGLang does, then the kernel; fall back to SGLang's path on any refusal
+    or error. Before the KV write, the fallback is SGLang's call as given (it writes the
+    KV); after it, the same call with ``save_kv_cache=False`` (written once)."""
     from kdtree_engine.kernel.op import VerifyArgumentError
 
     backend = call.backend
-    if _runtime.ensure_library() is None:
-        _runtime.note(_runtime.disabled_reason or "kernel library failed to load", logging.WARNING)
+    try:
+        lib = _runtime.ensure_library()
+    except Exception as e:  # noqa: BLE001
+        lib = None
+        _runtime.disable(f"kernel library failed to load: {_describe_error(e)}")
+    if lib is None:
+        _runtime.note(K_LIBRARY, logging.WARNING, _runtime.disabled_reason or "")
         return original(backend, *args, **kwargs)
-    ok, why = _runtime.device_ok(call.q.device)
+    try:
+        ok, why = _runtime.device_ok(call.q.device)
+    except Exception as e:  # noqa: BLE001 - no CUDA, a device torch cannot query
+        ok, why = False, _describe_error(e)
     if not ok:
-        _runtime.note(why, logging.WARNING)
+        _runtime.note(K_DEVICE, logging.WARNING, why)
         return original(backend, *args, **kwargs)
     try:
         a = prepare(call)
     except Exception as e:  # noqa: BLE001 - a layout SGLang's path handles and ours does not
-        _runtime.note(f"cannot build the kernel's arguments: {type(e).__name__}: {e}", logging.WARNING)
+        _runtime.note(K_PREPARE, logging.WARNING, _describe_error(e))
         return original(backend, *args, **kwargs)
-    save_kv(call)
+    try:
+        save_kv(call)
+    except Exception as e:  # noqa: BLE001 - SGLang's private KV-write API changed or refused
+        _runtime.note(K_KV_WRITE, logging.WARNING, _describe_error(e))
+        return original(backend, *args, **kwargs)  # save_kv_cache as given: SGLang writes the KV
     try:
         _launch(a)
     except VerifyArgumentError as e:  # this batch only; the KV is saved already
-        _runtime.note(f"kernel refused the batch: {e}", logging.WARNING)
+        _runtime.note(K_REFUSED, logging.WARNING, str(e))
         return _original_without_save(original, call)
     except Exception as e:  # noqa: BLE001 - library/arch/launch failure: keep serving via SGLang
-        _runtime.disable(f"kernel failed: {type(e).__name__}: {e}")
-        _runtime.note(_runtime.disabled_reason or str(e), logging.WARNING)
+        _runtime.disable(f"kernel failed: {_describe_error(e)}")
+        _runtime.note(K_FAILED, logging.WARNING)
         return _original_without_save(original, call)
-    with _runtime.lock:
-        _runtime.kernel_calls += 1
+    _runtime.count_kernel_call()
     return a["o"]
 
 

@@ -1,0 +1,228 @@
+"""The op as a server uses it: per-stream workspaces, fake tensors, torch.compile, CUDA graphs.
+
+CPU: the workspace keying (with an allocator that makes CPU buffers), the checks on
+fake and meta tensors, ``torch.library.opcheck`` and a full-graph dynamo trace over
+fake CUDA tensors. GPU (marked ``gpu``): two streams at once against serial calls,
+and a compiled function against eager, also replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kdtree_engine.kernel import op
+from kdtree_engine.oracle import workloads
+
+
+def _cpu_workspaces(allocs: list[tuple[int, int]]) -> op._Workspaces:
+    def alloc(idx: int, nbytes: int) -> torch.Tensor:
+        allocs.append((idx, nbytes))
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    return op._Workspaces(alloc)
+
+
+def test_workspaces_are_per_device_and_stream_and_never_freed():
+    allocs: list[tuple[int, int]] = []
+    ws = _cpu_workspaces(allocs)
+    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    a = ws.get(dev0, 100, stream=7)
+    assert ws.get(dev0, 50, stream=7) is a  # same stream: the same buffer
+    b = ws.get(dev0, 100, stream=9)
+    c = ws.get(dev1, 100, stream=7)  # same handle value on another device: another buffer
+    assert len({a.data_ptr(), b.data_ptr(), c.data_ptr()}) == 3
+    assert allocs == [(0, 1 << 20), (0, 1 << 20), (1, 1 << 20)]
+    grown = ws.get(dev0, (1 << 20) + 1, stream=7)  # growth doubles and replaces for later calls ...
+    assert grown is not a and grown.numel() == 2 << 20 and ws.get(dev0, 10, stream=7) is grown
+    assert ws.get(dev0, 10, stream=9) is b  # ... on that stream only
+    assert any(t is a for t in ws._keep)  # ... and keeps the old one (a captured graph may hold it)
+
+
+def test_workspace_key_is_the_current_stream(monkeypatch):
+    """Without an explicit stream, the current stream of the device picks the workspace."""
+    current = {0: SimpleNamespace(cuda_stream=11)}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda idx=None: current[idx])
+    ws = _cpu_workspaces([])
+    first = ws.get(torch.device("cuda", 0), 10)
+    current[0] = SimpleNamespace(cuda_stream=12)
+    second = ws.get(torch.device("cuda", 0), 10)
+    current[0] = SimpleNamespace(cuda_stream=11)
+    assert second is not first and ws.get(torch.device("cuda", 0), 10) is first
+
+
+def test_workspaces_from_many_threads_get_one_buffer_per_stream():
+    allocs: list[tuple[int, int]] = []
+    ws = _cpu_workspaces(allocs)
+    got: dict[int, set[int]] = {s: set() for s in range(4)}
+    lock = threading.Lock()
+
+    def worker(stream: int) -> None:
+        for _ in range(200):
+            t = ws.get(torch.device("cuda", 0), 64, stream=stream)
+            with lock:
+                got[stream].add(t.data_ptr())
+
+    threads = [threading.Thread(target=worker, args=(s % 4,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(v) == 1 for v in got.values()) and len(allocs) == 4
+
+
+def _batch(device="cpu"):
+    return workloads.make_batch([5, 0, 9], [4, 2, 3], 2, seed=0, spare_slots=4, device=device)
+
+
+def test_checks_run_on_fake_tensors():
+    """torch.compile traces with fake tensors, which have no data_ptr() or storage address."""
+    b = _batch()
+    mode = FakeTensorMode()
+    fake = [mode.from_tensor(t) for t in b.kernel_args()[:8]]
+    with mode:
+        out = torch.empty((9, 2, 512), dtype=torch.bfloat16)
+        shapes = op.check_arguments(*fake, b.sm_scale, b.max_n, out=out, require_cuda=False)
+        assert (shapes.bs, shapes.total_tokens, shapes.num_heads) == (3, 9, 2)
+        with pytest.raises(op.VerifyArgumentError, match="'k_ext': expected 9 rows"):
+            op.check_arguments(fake[0], fake[1][:8], *fake[2:], b.sm_scale, b.max_n, require_cuda=False)
+
+
+def _meta_op_args(b):
+    meta = [t.to("meta") for t in b.kernel_args()[:8]]
+    T, H = b.q.shape[0], b.q.shape[1]
+    out = torch.empty((T, H, 512), dtype=torch.bfloat16, device="meta")
+    lse = torch.empty((T, H), dtype=torch.float32, device="meta")
+    return (*meta, out, lse, None, float(b.sm_scale), b.max_n, 0, -1)
+
+
+def test_opcheck_passes_with_fake_tensors():
+    result = torch.library.opcheck(torch.ops.kdtree.verify_attention.default, _meta_op_args(_batch()))
+    assert result == {k: "SUCCESS" for k in result} and "test_faketensor" in result
+    assert "test_aot_dispatch_dynamic" in result
+
+
+def test_a_compiled_caller_traces_to_one_op_without_graph_breaks():
+    """fullgraph=True fails on any graph break: the checks, the output allocation and the op
+    all trace; no library call (ctypes) happens while tracing."""
+    b = _batch()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def fn(q, k_ext, kv, qo, kvp, kvi, mask, mi):
+        return op.verify_attention(q, k_ext, kv, qo, kvp, kvi, mask, mi, b.sm_scale, b.max_n) * 2
+
+    with FakeTensorMode():
+        fake = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") for t in b.kernel_args()[:8]]
+        got = torch.compile(fn, backend=backend, fullgraph=True)(*fake)
+        assert got.shape == (9, 2, 512) and got.device.type == "cuda"
+    (gm,) = graphs
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "kdtree" in str(n.target)]
+    assert len(calls) == 1 and str(calls[0].target).startswith("kdtree.verify_attention")
+
+
+# --- on a GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_two_streams_at_once_equal_serial_calls():
+    """Issue 18 item 1: 30 rounds of two different batches verified at once on two streams
+    give bit-for-bit the outputs of the same calls made one at a time."""
+    dev = torch.device("cuda")
+    # split-KV on both (long prefixes, small batches): the partials live in the workspace
+    a = workloads.make_batch([20000, 3000], [16, 8], 16, seed=11, device=dev)
+    b = workloads.make_batch([9000], [16], 32, seed=12, device=dev)
+    want_a = op.verify_attention(*a.kernel_args()).clone()
+    want_b = op.verify_attention(*b.kernel_args()).clone()
+    torch.cuda.synchronize()
+    rounds = 30
+    outs_a = [torch.empty_like(want_a) for _ in range(rounds)]
+    outs_b = [torch.empty_like(want_b) for _ in range(rounds)]
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    for r in range(rounds):  # interleaved enqueue: both streams have work in flight at once
+        with torch.cuda.stream(s1):
+            op.verify_attention(*a.kernel_args(), out=outs_a[r])
+        with torch.cuda.stream(s2):
+            op.verify_attention(*b.kernel_args(), out=outs_b[r])
+    torch.cuda.synchronize()
+    bad_a = [r for r in range(rounds) if not torch.equal(outs_a[r], want_a)]
+    bad_b = [r for r in range(rounds) if not torch.equal(outs_b[r], want_b)]
+    assert not bad_a and not bad_b, f"rounds differing from serial: stream 1 {bad_a}, stream 2 {bad_b}"
+    idx = torch.cuda.current_device()
+    keys = set(op._workspaces._cur)
+    assert {(idx, s1.cuda_stream), (idx, s2.cuda_stream)} <= keys
+
+
+@pytest.mark.gpu
+def test_compiled_caller_equals_eager_and_replays_in_a_cuda_graph():
+    """Issue 18 item 7: torch.compile (inductor, full graph) gives eager's output; the
+    compiled function is captured in a CUDA graph and its replays with new inputs copied
+    in equal eager calls on those inputs; mode="reduce-overhead" (cudagraph trees) too."""
+    dev = torch.device("cuda")
+    b1 = workloads.make_batch([3000, 700], [16, 16], 16, seed=21, device=dev)
+    b2 = workloads.make_batch([3000, 700], [16, 16], 16, seed=22, device=dev)
+    assert b1.kv_indices.shape == b2.kv_indices.shape and b1.custom_mask.shape == b2.custom_mask.shape
+
+    def fn(q, k_ext, kv, qo, kvp, kvi, mask, mi):
+        out = op.verify_attention(q, k_ext, kv, qo, kvp, kvi, mask, mi, b1.sm_scale, b1.max_n)
+        return out.float() * 2.0
+
+    eager1 = fn(*b1.kernel_args()[:8]).clone()
+    eager2 = fn(*b2.kernel_args()[:8]).clone()
+    assert not torch.equal(eager1, eager2)
+    compiled = torch.compile(fn, fullgraph=True)
+    assert torch.equal(compiled(*b1.kernel_args()[:8]), eager1)
+
+    static = [t.clone() for t in b1.kernel_args()[:8]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up on the capture's stream (its workspace, compiled kernels)
+            compiled(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        static_out = compiled(*static)
+    for batch, want in ((b2, eager2), (b1, eager1), (b2, eager2)):
+        for dst, src in zip(static, batch.kernel_args()[:8], strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, want)
+
+    overhead = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+    for batch, want in ((b1, eager1), (b2, eager2), (b1, eager1), (b2, eager2)):
+        got = overhead(*batch.kernel_args()[:8])
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.sglang
+@pytest.mark.parametrize("k_given", [True, False], ids=["k-given", "k-from-pool"])
+def test_launches_per_hooked_call(k_given, capsys):
+    """Issue 18 item 5: how many GPU launches one hooked verify call makes (printed; run
+    with -s). The kernel runs once per call; the count itself is the measurement."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("count_launches", Path(__file__).parents[1] / "tools" /
+                                                  "count_launches.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool._setup_sglang()
+    from kdtree_engine.sglang import plugin
+
+    plugin._runtime.reset()
+    names, calls = tool.count(tool.make_call(4, 16, 16, 4096, k_given))
+    assert calls == 1
+    assert sum(c for n, c in names.items() if "verify_attn" in n) == 1, dict(names)
+    with capsys.disabled():
+        print(f"\nlaunches per hooked call ({'k given' if k_given else 'k None'}): {sum(names.values())}: {dict(names)}")
