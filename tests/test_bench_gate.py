@@ -152,6 +152,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(gate, "MEASURE_BUDGET_S", 0.01)
     fakes = {p.name: p for p in (
         _Fake("ours"),
+        _Fake("ours-sm120"),
         _Fake("sglang-extend", delay_s=0.002, fail=False),
         _Fake("sglang-splitkv", trees=False, capturable=False),
         _Fake("flashmla", trees=False, missing="ModuleNotFoundError: No module named 'flash_mla'"),
@@ -278,3 +279,31 @@ def test_case_seed_same_request_across_layouts():
     assert gate.case_seed(a, 0) == gate.case_seed(b, 0)
     assert gate.case_seed(a, 0) != gate.case_seed(Case(1, 16, 8, 23000), 0)
     assert gate.case_seed(a, 0) != gate.case_seed(a, 1)
+
+
+def test_sm120_targets_fail_with_the_target_and_the_miss(fake_cuda, monkeypatch, tmp_path):
+    """Issue 15's bench gate: the sm_120 emulation's time over the Hopper kernel's (the
+    same run, same inputs) is checked per case; a slow emulation fails sm120_hopper and
+    the reason names the target, the worst case and by how much it misses."""
+    _suite(monkeypatch, ("sm120_hopper", "sm120_seed"), systems=("ours", "ours-sm120"))
+    fake_cuda["ours-sm120"]._kw["delay_s"] = 0.004  # ~ms per call against ours' reference-only cost
+    code, rec = _run(tmp_path)
+    assert code == 1 and rec["passed"] is False
+    t = rec["metrics"]["targets"]
+    assert t["sm120_hopper"]["status"] == "fail" and t["sm120_hopper"]["measured"] > 2.5
+    assert t["sm120_hopper"]["worst_case"] in {c.name for c in TINY}
+    assert "sm120_hopper: FAIL" in rec["reason"] and "misses by" in rec["reason"]
+    # no bs=1 N=16 H=8 case at 23k..91k in the tiny suite: the seed target has nothing to check
+    assert t["sm120_seed"]["status"] == "unmeasured"
+    sm = rec["details"]["markdown_table"]
+    assert "sm_120 emulation" in sm and "sm_120 / Hopper" in sm and "no sm_120 GPU is available here" in sm
+
+
+def test_sm120_targets_pass_when_the_emulation_keeps_up(fake_cuda, monkeypatch, tmp_path):
+    _suite(monkeypatch, ("sm120_hopper",), systems=("ours", "ours-sm120"))
+    fake_cuda["ours"]._kw["delay_s"] = 0.002
+    fake_cuda["ours-sm120"]._kw["delay_s"] = 0.002
+    code, rec = _run(tmp_path)
+    t = rec["metrics"]["targets"]["sm120_hopper"]
+    assert t["status"] == "pass" and 0.5 < t["measured"] <= 2.5, t
+    assert code == 0

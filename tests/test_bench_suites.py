@@ -40,7 +40,8 @@ def test_fragmentation_and_graph_suites():
     fr = suites.SUITES["fragmentation"]
     assert {c.layout for c in fr.cases} == {"contiguous", "runs16", "runs64", "runs256", "fragmented"}
     assert min(c.prefix for c in fr.cases) == 4096 and max(c.prefix for c in fr.cases) == 91000
-    assert fr.systems == ("ours", "sglang-extend") and fr.targets == ("fragmentation",)
+    assert fr.systems == ("ours", "ours-sm120", "sglang-extend")
+    assert fr.targets == ("fragmentation", "sm120_fragmentation")
     assert len({c.name for c in fr.cases}) == len(fr.cases)
     gr = suites.SUITES["graph"]
     assert {(c.bs, c.prefix) for c in gr.cases} == {(1, 1024), (1, 65536), (32, 1024), (32, 65536)}

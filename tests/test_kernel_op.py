@@ -43,9 +43,9 @@ BAD = [
     ("kv_buffer", lambda a: a["kv_buffer"][:0], "'kv_buffer': expected at least one slot"),
     ("kv_buffer", lambda a: torch.zeros((40, 580), dtype=torch.bfloat16)[:, :576],
      "'kv_buffer': expected row strides that are multiples of 8"),
-    ("qo_indptr", lambda a: a["qo_indptr"].long(), "'qo_indptr': expected dtype torch.int32"),
+    ("qo_indptr", lambda a: a["qo_indptr"].short(), "'qo_indptr': expected dtype torch.int32 or torch.int64"),
     ("kv_indptr", lambda a: a["kv_indptr"][:3], "'kv_indptr': expected 4 elements"),
-    ("kv_indptr", lambda a: a["kv_indptr"].long(), "'kv_indptr': expected dtype torch.int32"),
+    ("kv_indptr", lambda a: a["kv_indptr"].float(), "'kv_indptr': expected dtype torch.int32 or torch.int64"),
     ("kv_indices", lambda a: a["kv_indices"].float(), "'kv_indices': expected dtype torch.int64 or torch.int32"),
     ("kv_indices", lambda a: a["kv_indices"][None], "'kv_indices': expected a 1-D tensor"),
     ("custom_mask", lambda a: a["custom_mask"].float(), "'custom_mask': expected dtype torch.bool or torch.uint8"),
@@ -147,12 +147,12 @@ def test_custom_op_is_registered_with_a_fake_that_checks_arguments():
     fake = [mode.from_tensor(t) for t in b.kernel_args()[:8]]
     with mode:
         out = torch.empty((9, 2, 512), dtype=torch.bfloat16)
-        got = torch.ops.kdtree.verify_attention(*fake, out, None, None, b.sm_scale, b.max_n, 0, -1)
+        got = torch.ops.kdtree.verify_attention(*fake, out, None, None, b.sm_scale, b.max_n, 0, -1, 0)
         assert got is None
         with pytest.raises(VerifyArgumentError, match=r"'out': expected shape \[9, 2, 512\]"):
-            torch.ops.kdtree.verify_attention(*fake, out[:, :, :256], None, None, b.sm_scale, b.max_n, 0, -1)
+            torch.ops.kdtree.verify_attention(*fake, out[:, :, :256], None, None, b.sm_scale, b.max_n, 0, -1, 0)
         with pytest.raises(VerifyArgumentError, match="'max_n'"):
-            torch.ops.kdtree.verify_attention(*fake, out, None, None, b.sm_scale, 2, 0, -1)
+            torch.ops.kdtree.verify_attention(*fake, out, None, None, b.sm_scale, 2, 0, -1, 0)
 
 
 @pytest.mark.gpu

@@ -36,14 +36,14 @@ def _setup(tmp_path: Path, has_torch: str) -> tuple[str, list[str]]:
 def test_setup_keeps_an_installed_torch(tmp_path):
     out, calls = _setup(tmp_path, "2.14.1+cu130")
     assert "keeping the torch already installed (2.14.1+cu130)" in out
-    assert calls == ["-m pip install -e .[dev,build]"]
+    assert calls == ["-m pip install -e .[dev,build,pipeline]"]
     assert not any("torch" in c for c in calls)
 
 
 def test_setup_installs_the_cpu_torch_only_when_none_is_importable(tmp_path):
     out, calls = _setup(tmp_path, "")
     assert "no importable torch; installing the CPU build torch==2.13.0" in out
-    assert calls == ["-m pip install torch==2.13.0", "-m pip install -e .[dev,build]"]
+    assert calls == ["-m pip install torch==2.13.0", "-m pip install -e .[dev,build,pipeline]"]
 
 
 def _repo_files() -> list[Path]:

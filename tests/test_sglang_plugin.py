@@ -253,7 +253,7 @@ def runtime_on(monkeypatch, fake_library):
     launched = []
 
     def run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
-            sm_scale, max_n, num_splits, max_prefix_len):
+            sm_scale, max_n, num_splits, max_prefix_len, target=0):
         launched.append(dict(q=q, k_ext=k_ext, kv_buffer=kv_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                              kv_indices=kv_indices, custom_mask=custom_mask, mask_indptr=mask_indptr, out=out,
                              sm_scale=sm_scale, max_n=max_n, max_prefix_len=max_prefix_len))

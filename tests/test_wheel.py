@@ -65,7 +65,7 @@ def test_the_runtime_needs_only_torch(wheel):
     unconditional = [r for r in requires if "extra ==" not in r]
     assert [r.split(">")[0].split("=")[0].strip() for r in unconditional] == ["torch"], unconditional
     pipeline = [r for r in requires if 'extra == "pipeline"' in r]
-    assert {r.split(">")[0].strip().lower() for r in pipeline} == {"jinja2", "gitpython", "nox", "invoke"}
+    assert {r.split(">")[0].strip().lower() for r in pipeline} == {"jinja2", "gitpython", "nox", "invoke", "httpx"}
     assert "kdtree_verify = kdtree_engine.sglang.plugin:load" in eps
 
 

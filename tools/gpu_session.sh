@@ -9,7 +9,7 @@
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
 # steps: sm120-ab ncu-sm120 ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
-# env:   AB_SHAPES (sm120-ab: "bs,N,H,L ..."), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
+# env:   AB_SHAPES (sm120-ab: "bs,N,H,L ..."), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
 set -uo pipefail
 commit=$1; shift
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site

@@ -34,7 +34,7 @@ from kdtree_engine.bench import report as report_mod
 from kdtree_engine.bench import suites as suites_mod
 from kdtree_engine.bench.results import Result, Table
 from kdtree_engine.bench.suites import Case, Suite
-from kdtree_engine.bench.targets import SPECS, TargetResult, evaluate, gate_passes
+from kdtree_engine.bench.targets import OURS, SPECS, TargetResult, evaluate, gate_passes
 from kdtree_engine.pipeline import evidence
 
 GATE = "bench"
@@ -177,6 +177,9 @@ def run_suite(suite: Suite, systems: tuple[str, ...], budget_s: float, seed: int
         _say(f"  {problems[-1]}")
         floors = {}
 
+    # the RTX PRO 6000's floor, from its documented ceilings: a prediction for sm_120 users
+    sm120_floors = {c.name: roofline.floor_terms(c, roofline.SM120_RTX_PRO_6000) for c in suite.cases} \
+        if "ours-sm120" in systems else {}
     results: list[Result] = []
     fatal: str | None = None
     for i, case in enumerate(suite.cases):
@@ -203,7 +206,8 @@ def run_suite(suite: Suite, systems: tuple[str, ...], budget_s: float, seed: int
     targets = evaluate(suite.targets, list(suite.cases), table,
                        {k: v["floor_us"] for k, v in floors.items()}, gpu)
     return {"gpu": gpu, "capability": f"{props.major}.{props.minor}", "l2_bytes": l2, "missing": missing,
-            "ceilings": ceilings, "floors": floors, "results": results, "table": table, "targets": targets,
+            "ceilings": ceilings, "floors": floors, "sm120_floors": sm120_floors, "results": results, "table": table,
+            "targets": targets,
             "problems": problems, "seconds": time.monotonic() - t0}
 
 
@@ -213,7 +217,7 @@ def verdict(suite: Suite, systems: tuple[str, ...], results: list[Result], targe
     reasons = list(problems)
     if "ours" not in systems:
         reasons.append("'ours' was not among --systems: nothing of ours was measured")
-    ours_bad = [r for r in results if r.system == "ours" and r.status != "ok"]
+    ours_bad = [r for r in results if r.system in OURS and r.status != "ok"]
     if ours_bad:
         reasons.append(f"{len(ours_bad)} figure(s) of ours not correct or not measured: "
                        + "; ".join(f"{r.case} {r.mask} {r.status}" + (f" ({r.error[:80]})" if r.error else "")
@@ -342,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     rep = report_mod.build(suite, suite.cases, run["results"], run["floors"], run["ceilings"], run["targets"],
                            run["missing"], systems,
                            meta={"gpu": run["gpu"], "capability": run["capability"], "l2_bytes": run["l2_bytes"],
-                                 "seconds": round(run["seconds"], 1), "passed": passed, "reason": reason})
+                                 "seconds": round(run["seconds"], 1), "passed": passed, "reason": reason},
+                           sm120_floors=run["sm120_floors"])
     files: dict[str, Any] = {}
     try:
         files = report_mod.write(rep, out_dir)

@@ -83,12 +83,16 @@ class Peer:
 class Ours(Peer):
     name = "ours"
     label = "ours"
+    #: the op's ``target``: native (what this GPU runs)
+    target = "native"
 
     def check(self) -> str | None:
         try:
             from kdtree_engine.kernel import library
+            from kdtree_engine.kernel.op import TARGETS
 
-            library.load()
+            lib = library.load()
+            lib.device_config(torch.cuda.current_device(), TARGETS[self.target])  # refuses what cannot run here
         except Exception as e:
             return f"{type(e).__name__}: {e}"
         return None
@@ -99,11 +103,21 @@ class Ours(Peer):
         out = _nan_out(batch)
         args = batch.kernel_args()
         hint = max(batch.prefix_lens, default=0)
+        target = self.target
 
         def run() -> torch.Tensor:
-            return verify_attention(*args, out=out, max_prefix_len=hint)
+            return verify_attention(*args, out=out, max_prefix_len=hint, target=target)
 
         return run
+
+
+class OursSM120(Ours):
+    """The owned kernel as an sm_120 GPU (RTX PRO 6000 Blackwell) runs it: its kernel
+    and tile, its shared-memory limits and occupancy, on this GPU (emulation)."""
+
+    name = "ours-sm120"
+    label = "ours (sm_120 emulation)"
+    target = "sm_120"
 
 
 def _sglang_args(b: workloads.Batch) -> tuple[torch.Tensor, tuple]:
@@ -240,4 +254,4 @@ class FlashMLA(Peer):
         return run
 
 
-PEERS: dict[str, Peer] = {p.name: p for p in (Ours(), SGLangExtend(), SGLangSplitKV(), FlashMLA())}
+PEERS: dict[str, Peer] = {p.name: p for p in (Ours(), OursSM120(), SGLangExtend(), SGLangSplitKV(), FlashMLA())}

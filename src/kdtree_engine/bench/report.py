@@ -33,15 +33,21 @@ from kdtree_engine.bench.targets import TargetResult
 COLUMNS = (("ours", "tree", "ours tree"), ("ours", "chain", "ours chain"),
            ("sglang-extend", "tree", "SGLang extend"), ("sglang-splitkv", "chain", "SGLang split-KV"),
            ("flashmla", "chain", "FlashMLA"))
-SYSTEM_LABELS = {"ours": "ours", "sglang-extend": "SGLang extend", "sglang-splitkv": "SGLang split-KV",
-                 "flashmla": "FlashMLA"}
+SYSTEM_LABELS = {"ours": "ours", "ours-sm120": "ours sm_120 (emulated)", "sglang-extend": "SGLang extend",
+                 "sglang-splitkv": "SGLang split-KV", "flashmla": "FlashMLA"}
+SM120_CAPTION = ("sm_120 (RTX PRO 6000 Blackwell) figures come from the sm_120 emulation on this GPU "
+                 "(`target=\"sm_120\"`: the kernel, tile, shared-memory limits and occupancy an sm_120 GPU gets); "
+                 "no sm_120 GPU is available here. The sm_120 floor is a prediction from the RTX PRO 6000's "
+                 "documented bandwidth and bf16 tensor rate, not a measurement.")
 
 
 def build(suite: Suite, cases: Sequence[Case], results: Sequence[Result], floors: dict[str, dict[str, Any]],
           ceilings: dict[str, Any] | None, targets: Sequence[TargetResult], missing: dict[str, str],
-          systems: Sequence[str], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+          systems: Sequence[str], meta: dict[str, Any] | None = None,
+          sm120_floors: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report as one JSON-able dict."""
     return {
+        "sm120_floors": sm120_floors or {},
         "suite": suite.name,
         "kind": suite.kind,
         "description": suite.description,
@@ -106,6 +112,28 @@ def compare_table(report: dict[str, Any], eager: bool = False) -> str:
     return "\n".join(lines)
 
 
+def sm120_table(report: dict[str, Any]) -> str:
+    """The sm_120 emulation next to the Hopper kernel and SGLang's kernels (which also run
+    on sm_120), with the RTX PRO 6000's predicted floor; "" when ours-sm120 did not run."""
+    if "ours-sm120" not in report["systems"]:
+        return ""
+    t = _results(report)
+    head = ["case", "sm_120 tree", "sm_120 chain", "Hopper kernel tree", "sm_120 / Hopper", "SGLang split-KV",
+            "sm_120 / split-KV", "SGLang extend", "extend / sm_120", "sm_120 floor (RTX PRO 6000, predicted)"]
+    lines = [SM120_CAPTION, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in report["cases"]:
+        name = c["name"]
+        s_tree, s_chain, hop, skv, ext = (t.time(name, s, m) for s, m in (
+            ("ours-sm120", "tree"), ("ours-sm120", "chain"), ("ours", "tree"), ("sglang-splitkv", "chain"),
+            ("sglang-extend", "tree")))
+        fl = (report.get("sm120_floors", {}).get(name) or {}).get("floor_us")
+        lines.append("| " + " | ".join([
+            name, _cell(t, name, "ours-sm120", "tree", report), _cell(t, name, "ours-sm120", "chain", report),
+            _cell(t, name, "ours", "tree", report), _ratio(s_tree, hop), _cell(t, name, "sglang-splitkv", "chain", report),
+            _ratio(s_chain, skv), _cell(t, name, "sglang-extend", "tree", report), _ratio(ext, s_tree), _us(fl)]) + " |")
+    return "\n".join(lines)
+
+
 def _eager(t: Table, case: str, system: str, mask: str) -> float | None:
     r = t.get(case, system, mask)
     return r.eager_us if r is not None and r.status == "ok" else None
@@ -113,14 +141,15 @@ def _eager(t: Table, case: str, system: str, mask: str) -> float | None:
 
 def fragmentation_table(report: dict[str, Any]) -> str:
     t = _results(report)
-    head = ["prefix", "layout", "ours tree", "ours penalty", "SGLang extend", "extend penalty"]
+    systems = [x for x in ("ours", "ours-sm120", "sglang-extend") if x in report["systems"]]
+    head = ["prefix", "layout"] + [h for x in systems for h in (SYSTEM_LABELS[x] + " tree", SYSTEM_LABELS[x] + " penalty")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = {(c["bs"], c["n"], c["heads"], c["prefix"]): c["name"] for c in report["cases"]
             if c["layout"] == "contiguous"}
     for c in report["cases"]:
         ref = base.get((c["bs"], c["n"], c["heads"], c["prefix"]))
         cells = [str(c["prefix"]), c["layout"]]
-        for system in ("ours", "sglang-extend"):
+        for system in systems:
             v = t.time(c["name"], system, "tree")
             v0 = t.time(ref, system, "tree") if ref else None
             cells.append(_cell(t, c["name"], system, "tree", report))
@@ -150,7 +179,8 @@ def main_table(report: dict[str, Any]) -> str:
         return fragmentation_table(report)
     if report["kind"] == "graph":
         return graph_table(report)
-    return compare_table(report)
+    sm = sm120_table(report)
+    return compare_table(report) + (f"\n\n{sm}" if sm else "")
 
 
 def _check_text(check: dict[str, Any] | None) -> str:
@@ -229,7 +259,7 @@ def _plot_series(report: dict[str, Any]) -> tuple[list[str], dict[str, list[floa
                 if r.eager_us and r.replay_us:
                     put(speed, "eager / graph replay", i, r.eager_us / r.replay_us)
             continue
-        for system, mask, label in COLUMNS:
+        for system, mask, label in COLUMNS + (("ours-sm120", "tree", "ours sm_120 (emulated) tree"),):
             put(times, label, i, t.time(c["name"], system, mask))
         if kind == "compare":
             put(times, "floor", i, (report["floors"].get(c["name"]) or {}).get("floor_us"))

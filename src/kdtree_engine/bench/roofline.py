@@ -13,6 +13,11 @@ Floor of a case = max(bytes / bandwidth, flops / rate) with
 - bytes = every request's prefix KV read once (prefix x 1152) + q + k_ext + out,
 - flops = 2 x rows x keys x (576 + 512) per request (QK^T over 576 dims, PV over
   512), rows = N x H, keys = prefix + N.
+
+The sm_120 floor (:data:`SM120_RTX_PRO_6000`) is a prediction, not a measurement:
+the same bytes and flops over an RTX PRO 6000 Blackwell's documented memory
+bandwidth and dense bf16 tensor rate with fp32 accumulation (sources in
+docs/kernel-notes.md, "sm_120 facts"). No sm_120 GPU is available here.
 """
 
 from __future__ import annotations
@@ -29,19 +34,29 @@ SLOT_BYTES = HEAD_DIM * BF16  # 1152
 DESIGN_H200_COPY_BPS = 4.27e12
 DESIGN_H200_MATMUL_FLOPS = 790e12
 
-
 @dataclass(frozen=True)
 class Ceilings:
+    """Copy bandwidth and bf16 matmul rate (measured, or documented for ``predicted``)."""
+
     copy_bytes_per_s: float
     matmul_flops_per_s: float
     copy_bytes: int = 0  # bytes read + written per copy timed
     matmul_n: int = 0
+    predicted: str | None = None  # what a documented (not measured) pair of ceilings is
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["copy_tb_s"] = self.copy_bytes_per_s / 1e12
         d["matmul_tflop_s"] = self.matmul_flops_per_s / 1e12
         return d
+
+
+#: RTX PRO 6000 Blackwell (sm_120), from NVIDIA's documentation: 1792 GB/s GDDR7 and the
+#: dense bf16 tensor rate with fp32 accumulation (docs/kernel-notes.md, "sm_120 facts").
+#: A prediction: the floor an sm_120 user can expect, not a figure measured here.
+SM120_RTX_PRO_6000 = Ceilings(copy_bytes_per_s=1.792e12, matmul_flops_per_s=503.8e12,
+                              predicted="RTX PRO 6000 Blackwell datasheet: 1792 GB/s, 503.8 TFLOP/s dense bf16")
+
 
 
 def case_bytes(case: Case) -> int:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: every system the bench knows, in table order
-SYSTEMS = ("ours", "sglang-extend", "sglang-splitkv", "flashmla")
+#: every system the bench knows, in table order. ``ours-sm120`` is the owned kernel in
+#: the sm_120 emulation (``target="sm_120"``): the kernel and tile an RTX PRO 6000
+#: Blackwell runs, under its limits, on the GPU at hand (no sm_120 GPU is available here)
+SYSTEMS = ("ours", "ours-sm120", "sglang-extend", "sglang-splitkv", "flashmla")
 MASKS = ("tree", "chain")
 FRAG_LAYOUTS = ("contiguous", "runs256", "runs64", "runs16", "fragmented")
 
@@ -101,6 +103,9 @@ GRAPH_PREFIXES = (1024, 65536)
 FLOOR_SHAPE = (1, 16, 8, 65536)
 #: prefix from which the 50x-over-SGLang-extend target applies
 EXTEND_TARGET_MIN_PREFIX = 23000
+#: issue 15's seed shapes: bs=1, N=16, H=8 at prefixes 23k..91k (sm_120 within 2.0x of the Hopper kernel)
+SM120_SEED = (1, 16, 8)
+SM120_SEED_PREFIXES = (23000, 91000)
 
 SUITES: dict[str, Suite] = {
     "micro": Suite(
@@ -108,7 +113,7 @@ SUITES: dict[str, Suite] = {
         "Phase 1: the docs/design.md section 6 shapes, tree and chain, every peer",
         tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES),
         SYSTEMS,
-        ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction"),
+        ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction", "sm120_seed", "sm120_hopper", "sm120_splitkv"),
         budget_s=360.0,
     ),
     "long-context": Suite(
@@ -116,15 +121,15 @@ SUITES: dict[str, Suite] = {
         "Phase 3: bs=1, H=8, N=16 and 64, prefix 23k..91k, tree and chain, every peer",
         tuple(Case(1, n, 8, L) for n in (16, 64) for L in LONG_PREFIXES),
         SYSTEMS,
-        ("extend_50x", "splitkv", "flashmla", "tree_vs_chain", "floor_fraction"),
+        ("extend_50x", "splitkv", "flashmla", "tree_vs_chain", "floor_fraction", "sm120_seed", "sm120_extend_50x"),
         budget_s=360.0,
     ),
     "fragmentation": Suite(
         "fragmentation",
         "Issue 8: one request's slot ids contiguous / runs of 256, 64, 16 / random, prefix 4k..91k",
         tuple(Case(1, 16, 8, L, layout=lay, masks=("tree",)) for L in FRAG_PREFIXES for lay in FRAG_LAYOUTS),
-        ("ours", "sglang-extend"),
-        ("fragmentation",),
+        ("ours", "ours-sm120", "sglang-extend"),
+        ("fragmentation", "sm120_fragmentation"),
         budget_s=360.0,
         kind="fragmentation",
     ),

@@ -13,6 +13,16 @@ reports its worst value, the case it came from and by how much it misses:
 - ``floor_fraction``: bs=1, H=8, N=16, prefix 65536: floor / ours (tree) >= 0.40;
 - ``fragmentation``: each slot layout within 10% of contiguous (ours, tree).
 
+The sm_120 emulation (system ``ours-sm120``, issue 15), on the same run's figures:
+
+- ``sm120_seed``: bs=1, N=16, H=8 at prefix 23k..91k: ours-sm120 / ours (the Hopper
+  kernel), tree, <= 2.0;
+- ``sm120_hopper``: every other shape: ours-sm120 / ours, tree, <= 2.5;
+- ``sm120_splitkv``: ours-sm120 chain / SGLang split-KV chain <= 0.5 where split-KV runs;
+- ``sm120_extend_50x``: ours-sm120 (tree) at least 50x faster than SGLang extend at
+  prefix >= 23k;
+- ``sm120_fragmentation``: each slot layout within 10% of contiguous (ours-sm120, tree).
+
 Status: ``pass``/``fail``; ``n/a`` on a GPU other than the H200 (the targets
 were set there; figures are still shown); ``unmeasured`` when no case has the
 figures the target needs (a peer missing, unsupported or wrong everywhere),
@@ -28,9 +38,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kdtree_engine.bench.results import Table
-from kdtree_engine.bench.suites import EXTEND_TARGET_MIN_PREFIX, FLOOR_SHAPE, Case
+from kdtree_engine.bench.suites import EXTEND_TARGET_MIN_PREFIX, FLOOR_SHAPE, SM120_SEED, SM120_SEED_PREFIXES, Case
 
 TARGET_GPU = "H200"
+#: the owned kernel's systems (a missing figure of these is a miss, not a missing peer)
+OURS = ("ours", "ours-sm120")
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,21 @@ SPECS: dict[str, Spec] = {
                            "frac"),
     "fragmentation": Spec("fragmentation", "fragmented slot ids within 10% of contiguous (ours, tree)", 0.10, "<=",
                           "pct"),
+    "sm120_seed": Spec("sm120_seed", "sm_120 emulation / Hopper kernel <= 2.0 at bs=1 N=16 H=8, prefix 23k..91k (tree)",
+                       2.0, "<=", "x"),
+    "sm120_hopper": Spec("sm120_hopper", "sm_120 emulation / Hopper kernel <= 2.5 on every other shape (tree)", 2.5,
+                         "<=", "x"),
+    "sm120_splitkv": Spec("sm120_splitkv", "sm_120 emulation chain / SGLang split-KV chain <= 0.5", 0.5, "<=", "x"),
+    "sm120_extend_50x": Spec("sm120_extend_50x", "sm_120 emulation >= 50x faster than SGLang extend at prefix >= 23k "
+                             "(tree)", 50.0, ">=", "x"),
+    "sm120_fragmentation": Spec("sm120_fragmentation", "fragmented slot ids within 10% of contiguous (sm_120 emulation, "
+                                "tree)", 0.10, "<=", "pct"),
 }
+
+
+def _seed(c: Case) -> bool:
+    return (c.bs, c.n, c.heads) == SM120_SEED and SM120_SEED_PREFIXES[0] <= c.prefix <= SM120_SEED_PREFIXES[1] \
+        and c.layout == "fragmented"
 
 
 @dataclass
@@ -125,7 +151,7 @@ def _ratio_rows(cases: Sequence[Case], table: Table, num: tuple[str, str], den: 
         b = table.time(c.name, *den)
         row: dict[str, Any] = {"case": c.name, "value": None, "ok": None, "note": None,
                                num[0] + "_" + num[1] + "_us": a, den[0] + "_" + den[1] + "_us": b}
-        missing_ours = [s for s, t in ((num, a), (den, b)) if t is None and s[0] == "ours"]
+        missing_ours = [s for s, t in ((num, a), (den, b)) if t is None and s[0] in OURS]
         if missing_ours:
             row["ok"] = False
             row["note"] = "; ".join(table.why_not(c.name, *s) for s in missing_ours)
@@ -191,6 +217,17 @@ def evaluate(names: Sequence[str], cases: Sequence[Case], table: Table, floors: 
             rows = _ratio_rows(cases, table, ("ours", "chain"), ("flashmla", "chain"), lambda c: True)
         elif name == "tree_vs_chain":
             rows = _ratio_rows(cases, table, ("ours", "tree"), ("ours", "chain"), lambda c: True)
+        elif name == "sm120_seed":
+            rows = _ratio_rows(cases, table, ("ours-sm120", "tree"), ("ours", "tree"), _seed)
+        elif name == "sm120_hopper":
+            rows = _ratio_rows(cases, table, ("ours-sm120", "tree"), ("ours", "tree"), lambda c: not _seed(c))
+        elif name == "sm120_splitkv":
+            rows = _ratio_rows(cases, table, ("ours-sm120", "chain"), ("sglang-splitkv", "chain"), lambda c: True)
+        elif name == "sm120_extend_50x":
+            rows = _ratio_rows(cases, table, ("ours-sm120", "tree"), ("sglang-extend", "tree"),
+                               lambda c: c.prefix >= EXTEND_TARGET_MIN_PREFIX, invert=True)
+        elif name == "sm120_fragmentation":
+            rows = _fragmentation_rows(cases, table, "ours-sm120")
         elif name == "floor_fraction":
             rows = []
             for c in cases:
@@ -211,17 +248,17 @@ def evaluate(names: Sequence[str], cases: Sequence[Case], table: Table, floors: 
     return out
 
 
-def _fragmentation_rows(cases: Sequence[Case], table: Table) -> list[dict[str, Any]]:
+def _fragmentation_rows(cases: Sequence[Case], table: Table, system: str = "ours") -> list[dict[str, Any]]:
     base = {(c.bs, c.n, c.heads, c.prefix): c for c in cases if c.layout == "contiguous"}
     rows = []
     for c in cases:
         if c.layout == "contiguous":
             continue
         ref = base.get((c.bs, c.n, c.heads, c.prefix))
-        t = table.time(c.name, "ours", "tree")
+        t = table.time(c.name, system, "tree")
         row: dict[str, Any] = {"case": c.name, "layout": c.layout, "prefix": c.prefix, "value": None, "ok": None,
                                "note": None, "ours_us": t}
-        t0 = table.time(ref.name, "ours", "tree") if ref is not None else None
+        t0 = table.time(ref.name, system, "tree") if ref is not None else None
         row["ours_contiguous_us"] = t0
         e, e0 = table.time(c.name, "sglang-extend", "tree"), (
             table.time(ref.name, "sglang-extend", "tree") if ref is not None else None)
@@ -231,7 +268,7 @@ def _fragmentation_rows(cases: Sequence[Case], table: Table) -> list[dict[str, A
             row["note"] = "no contiguous case of this shape in the run"
         elif t is None or t0 is None:
             row["ok"] = False
-            row["note"] = table.why_not(c.name if t is None else ref.name, "ours", "tree")
+            row["note"] = table.why_not(c.name if t is None else ref.name, system, "tree")
         else:
             row["value"] = t / t0 - 1
         rows.append(row)
