@@ -50,3 +50,50 @@ def test_serialized_wgmma_is_reported_for_the_arch_that_follows():
 def test_spills_are_reported():
     res = _result(LOG.format(serial="", spill=32))
     assert spills(res) == ["combine_wide_kernel<8> on sm_90a: 32 B spill stores, 32 B spill loads"]
+
+
+class _FakeLib:
+    """kdtree_choose_config's answers, as a built library gives them (no nvcc here)."""
+
+    def __init__(self, path, smem=90624, emu_tile=2):
+        self.smem, self.emu_tile = smem, emu_tile
+
+    def choose_config(self, props, target=0, flags=0, tile=0):
+        from kdtree_engine.kernel import library as L
+
+        c = L.KdtreeConfig()
+        c.kernel, c.tile, c.block_rows, c.threads = 2, self.emu_tile if target else 2, 64, 256
+        c.smem_bytes = c.smem_request = self.smem
+        c.ctas_per_sm = 1 if self.smem + 1024 <= props.smem_per_sm else 0
+        c.name = b"mma.sync-64x32-qreg"
+        return 0, c
+
+
+QREG_120 = ("ptxas info    : Compiling entry function '_ZN6kdtree27verify_attn_kernel_mma_qregENS_6ParamsE' for 'sm_120'\n"
+            "    0 bytes stack frame, {spill} bytes spill stores, {spill} bytes spill loads\n"
+            "ptxas info    : Used {regs} registers, used 5 barriers\n")
+
+
+def _fit(monkeypatch, spill=0, regs=255, **lib):
+    from kdtree_engine.kernel import build as B
+    from kdtree_engine.kernel import library as L
+
+    monkeypatch.setattr(L, "Library", lambda path: _FakeLib(path, **lib))
+    res = _result(LOG.format(serial="", spill=0) + QREG_120.format(spill=spill, regs=regs))
+    return B.sm120_fit(res)
+
+
+def test_the_sm120_tile_fits_sm120(monkeypatch):
+    fit, problems = _fit(monkeypatch)
+    assert problems == []
+    assert fit["kernel"] == "verify_attn_kernel_mma_qreg" and fit["smem_bytes"] <= fit["smem_limit"] == 99 * 1024
+    assert fit["registers"] == 255 and fit["ctas_per_sm"] == 1
+
+
+def test_an_sm120_tile_over_sm120s_limits_fails_the_build_gate(monkeypatch):
+    _, problems = _fit(monkeypatch, smem=120 * 1024)
+    assert any("sm_120 allows 101376" in p for p in problems)
+    _, problems = _fit(monkeypatch, spill=8)
+    assert any("spills on sm_120" in p for p in problems)
+    _, problems = _fit(monkeypatch, emu_tile=1)
+    assert any("emulation on an H200 chooses otherwise" in p for p in problems)

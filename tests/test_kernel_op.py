@@ -261,3 +261,19 @@ def test_contiguous_fast_path_taken_exactly_on_runs_and_equal_to_the_gather(monk
     assert torch.equal(fast, gather)
     ref, _ = reference.verify_attention_ref(*b.ref_args())
     assert compare.compare(fast, ref).passed
+
+
+def test_drafts_from_the_pool_are_checked():
+    """k_ext None needs draft_slots (the drafts' pool slots, one per draft token), and not both."""
+    a = _args(_batch())
+    slots = torch.arange(a["q"].shape[0])
+    with pytest.raises(VerifyArgumentError, match=r"'k_ext': expected the drafts' latents"):
+        op.check_arguments(**{**a, "k_ext": None}, require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match=r"'draft_slots': expected .* slot ids"):
+        op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots[:-1], require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match=r"'draft_slots': expected dtype"):
+        op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots.float(), require_cuda=False)
+    with pytest.raises(VerifyArgumentError, match=r"'k_ext': expected None when draft_slots"):
+        op.check_arguments(**a, draft_slots=slots, require_cuda=False)
+    shapes = op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots, require_cuda=False)
+    assert shapes.total_tokens == a["q"].shape[0]

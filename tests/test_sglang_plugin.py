@@ -253,8 +253,9 @@ def runtime_on(monkeypatch, fake_library):
     launched = []
 
     def run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
-            sm_scale, max_n, num_splits, max_prefix_len, target=0):
-        launched.append(dict(q=q, k_ext=k_ext, kv_buffer=kv_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+            sm_scale, max_n, num_splits, max_prefix_len, target=0, draft_slots=None):
+        launched.append(dict(q=q, k_ext=k_ext, draft_slots=draft_slots, kv_buffer=kv_buffer, qo_indptr=qo_indptr,
+                             kv_indptr=kv_indptr,
                              kv_indices=kv_indices, custom_mask=custom_mask, mask_indptr=mask_indptr, out=out,
                              sm_scale=sm_scale, max_n=max_n, max_prefix_len=max_prefix_len))
         out.fill_(1.5)
@@ -296,8 +297,10 @@ def test_verify_call_saves_kv_like_sglang_and_returns_sglangs_output_layout(runt
     assert a["q"].shape == (T, H, 576) and a["q"].data_ptr() == q.data_ptr()
     assert a["out"].data_ptr() == o.data_ptr() and a["out"].shape == (T, H, 512)
     assert a["kv_buffer"] is pool
-    assert a["qo_indptr"].dtype == torch.int32 and a["qo_indptr"].tolist() == [0, 4, 8]
-    assert a["kv_indptr"].dtype == torch.int32 and a["k_ext"].shape == (T, 1, 576)
+    # SGLang's own indptr buffers go to the kernel as they are: no int64 -> int32 conversion launch
+    assert a["qo_indptr"] is backend.forward_metadata.qo_indptr and a["qo_indptr"].dtype == torch.int64
+    assert a["kv_indptr"] is backend.forward_metadata.kv_indptr and a["kv_indptr"].dtype == torch.int32
+    assert a["k_ext"].shape == (T, 1, 576) and a["draft_slots"] is None
     assert a["mask_indptr"].dtype == torch.int64 and a["kv_indices"] is backend.forward_metadata.kv_indices
     assert a["custom_mask"] is backend.forward_metadata.custom_mask
     assert a["max_n"] == N and a["sm_scale"] == pytest.approx(576**-0.5)
@@ -325,11 +328,15 @@ def test_attn_output_buffer_is_honoured(runtime_on):
 
 
 def test_k_none_reads_the_drafts_back_from_the_pool(runtime_on):
+    """k None: SGLang already wrote the drafts' latents at out_cache_loc. The kernel reads
+    them there by slot id: no gather of the pool on the host side, no copy."""
     backend, q, k, v, layer, fb = make_verify()
     pool = backend.token_to_kv_pool.get_key_buffer(0)
     pool[fb.out_cache_loc] = k
     plugin.verify_hook(Original(), backend, q, None, None, layer, fb, save_kv_cache=False)
-    assert torch.equal(runtime_on[0]["k_ext"], k)
+    (a,) = runtime_on
+    assert a["k_ext"] is None and a["draft_slots"] is fb.out_cache_loc
+    assert torch.equal(a["kv_buffer"][a["draft_slots"]], k)
 
 
 def test_kernel_refusing_a_batch_falls_back_with_a_warning(runtime_on, monkeypatch, caplog):

@@ -7,7 +7,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: sm120-ab ncu-sm120 ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab: "bs,N,H,L ..."), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
 set -uo pipefail
@@ -67,6 +67,12 @@ for step in "$@"; do
               done ;;
     nox-oracle) $T python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-op) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py ;;
+    gpu-test-serving) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op_serving.py ;;
+    count-launches) # launches per hooked verify call: this code, then a baseline tree carried in build/old
+                    # (its src/, tools/ and lib/: the code before the C-ABI change)
+                    $T python3 tools/count_launches.py --layers 61
+                    [ -d build/old ] && PYTHONPATH=/tmp/site:$PWD/build/old/src KDTREE_LIB=$PWD/build/old/lib/libkdtree_verify.so \
+                      $T python3 build/old/tools/count_launches.py --layers 61 ;;
     gpu-test-graph) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph.py ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py tests/test_graph.py tests/test_defrag_gate.py tests/test_bench_gpu.py tests/test_sglang_integrate.py tests/test_sglang_plugin.py tests/test_sglang_fallback.py ;;
     ncu) timeout 300 ncu --clock-control none --set full -k regex:verify_attn_kernel -c 1 -o /tmp/bench/ncu-verify \

@@ -39,7 +39,7 @@ def main() -> None:
         b = workloads.make_batch([L] * bs, n, h, tree="eagle", seed=1, device="cuda", poison_unused=False)
         out = torch.empty((b.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
 
-        def call():
+        def call(b=b, out=out, L=L):
             verify_attention(*b.kernel_args(), out=out, max_prefix_len=L, target=args.target)
 
         call()

@@ -38,7 +38,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kdtree_engine.bench.results import Table
-from kdtree_engine.bench.suites import EXTEND_TARGET_MIN_PREFIX, FLOOR_SHAPE, SM120_SEED, SM120_SEED_PREFIXES, Case
+from kdtree_engine.bench.suites import (
+    EXTEND_TARGET_MIN_PREFIX,
+    FLOOR_SHAPE,
+    SM120_SEED,
+    SM120_SEED_PREFIXES,
+    Case,
+)
 
 TARGET_GPU = "H200"
 #: the owned kernel's systems (a missing figure of these is a miss, not a missing peer)

@@ -250,6 +250,60 @@ def serialized(result: BuildResult) -> list[str]:
     return [f"{k} on {arch}" for arch, ks in result.kernels.items() for k, v in ks.items() if v.get("wgmma_serialized")]
 
 
+#: what the kernel/tile choice reads of an sm_120 GPU (RTX PRO 6000 Blackwell; docs/kernel-notes.md
+#: "sm_120 facts"): CC 12.0, 188 SMs, 1536 threads, 99 KB per block, 100 KB per SM
+SM120_PROPS = (12, 0, 188, 1536, 99 * 1024, 100 * 1024)
+#: tile -> the kernel function that runs it (as parse_ptxas names it)
+TILE_KERNELS = {1: "verify_attn_kernel_sm90", 2: "verify_attn_kernel_mma_qreg"}
+
+
+def sm120_fit(result: BuildResult) -> tuple[dict, list[str]]:
+    """Does every configuration an sm_120 GPU gets fit sm_120's limits? Asks the built
+    library's own choice (kdtree_choose_config: no GPU needed) for an sm_120 device, and
+    for the sm_120 emulation on an H200, then checks the chosen tile against the limits
+    and against ptxas's report of that kernel in the sm_120 code."""
+    if "sm_120" not in result.archs:
+        return {}, []
+    from kdtree_engine.kernel import library as L
+
+    problems: list[str] = []
+    try:
+        lib = L.Library(result.library)
+    except Exception as e:  # noqa: BLE001 - reported as the gate's reason
+        return {}, [f"cannot load {result.library.name} to ask its sm_120 configuration: {e}"]
+    flags = L.CFG_HAS_SM90A if "sm_90a" in result.archs else 0
+    rc, cfg = lib.choose_config(L.KdtreeDeviceProps(*SM120_PROPS), L.TARGET_NATIVE, flags)
+    if rc != L.OK:
+        return {}, [f"no sm_120 configuration: {cfg.note.decode()}"]
+    c = cfg.as_dict()
+    rc_e, emu = lib.choose_config(L.KdtreeDeviceProps(9, 0, 132, 2048, 227 * 1024, 228 * 1024), L.TARGET_SM120, flags)
+    if rc_e != L.OK or (emu.kernel, emu.tile, emu.ctas_per_sm) != (cfg.kernel, cfg.tile, cfg.ctas_per_sm):
+        problems.append(f"the sm_120 emulation on an H200 chooses otherwise ({emu.as_dict()}) than sm_120 ({c})")
+    limit = SM120_PROPS[4]
+    if c["smem_bytes"] > limit:
+        problems.append(f"sm_120 tile {c['name']} takes {c['smem_bytes']} B of shared memory; sm_120 allows {limit}")
+    if c["ctas_per_sm"] < 1:
+        problems.append(f"sm_120 tile {c['name']} fits no CTA per SM")
+    kname = TILE_KERNELS.get(c["tile"])
+    k = result.kernels.get("sm_120", {}).get(kname or "?")
+    if k is None:
+        problems.append(f"ptxas reported no {kname} for sm_120 (the kernel of tile {c['name']})")
+    else:
+        regs = k.get("registers") or 0
+        if regs * c["threads"] * c["ctas_per_sm"] > 64 * 1024:
+            problems.append(f"{kname}: {regs} registers x {c['threads']} threads x {c['ctas_per_sm']} CTAs exceed "
+                            "sm_120's 64K registers per SM")
+        if k.get("spill_stores") or k.get("spill_loads"):
+            problems.append(f"{kname} spills on sm_120")
+    hg = result.sass.get("sm_120", {}).get("HGMMA", 0)
+    if hg:
+        problems.append(f"sm_120 code holds {hg} HGMMA (wgmma): an instruction sm_120 lacks")
+    fit = {"tile": c["name"], "kernel": kname, "smem_bytes": c["smem_bytes"], "smem_limit": limit,
+           "threads": c["threads"], "ctas_per_sm": c["ctas_per_sm"],
+           "registers": None if k is None else k.get("registers")}
+    return fit, problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kdtree build", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", action="append", help="target arch (repeatable or comma list); default sm_90a,sm_120")
@@ -268,9 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     serial = serialized(res)
     missing = [a for a in res.archs if a not in res.kernels and res.rebuilt]
     mma = {a: (c.get("HMMA", 0) + c.get("HGMMA", 0)) for a, c in res.sass.items()}
-    passed = not bad and not serial and not missing
+    fit, fit_problems = sm120_fit(res)
+    passed = not bad and not serial and not missing and not fit_problems
     reason = None
-    if bad:
+    if fit_problems:
+        reason = "sm_120 limits: " + "; ".join(fit_problems)
+    elif bad:
         reason = "register spills: " + "; ".join(bad)
     elif serial:
         reason = "wgmma serialized by ptxas (C7514: an accumulator touched while its MMA is in flight): " + "; ".join(serial)
@@ -285,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         headline += "; SASS MMA " + ", ".join(f"{a}={n}" for a, n in mma.items())
     else:
         headline += "; SASS not counted (no cuobjdump)"
+    if fit and not fit_problems:
+        headline += (f"; sm_120 tile {fit['tile']} fits sm_120 ({fit['smem_bytes'] / 1024:.1f} of "
+                     f"{fit['smem_limit'] // 1024} KB, {fit['ctas_per_sm']} CTA/SM, {fit['registers']} regs x "
+                     f"{fit['threads']} threads)")
     metrics = {
         "archs": res.archs,
         "nvcc": res.nvcc,
@@ -294,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "rebuilt": res.rebuilt,
         "kernels": res.kernels,
         "sass": res.sass,
+        "sm120_fit": fit,
     }
     rec = evidence.make_record("build", passed, metrics, headline if passed else "build failed",
                                reason=reason, device=None)

@@ -165,6 +165,7 @@ def check_arguments(
     lse: torch.Tensor | None = None,
     prefix_lens_cpu: Sequence[int] | torch.Tensor | None = None,
     require_cuda: bool = True,
+    draft_slots: torch.Tensor | None = None,
 ) -> Shapes:
     """Every check that needs no device read; raises :class:`VerifyArgumentError`."""
     _check_dtype("q", q, (torch.bfloat16,))
@@ -175,11 +176,20 @@ def check_arguments(
         raise _err("q", f"1..{MAX_HEADS} heads (q.shape[1])", H)
     _check_rows("q", q, (q.stride(0), q.stride(1)))
 
-    _check_dtype("k_ext", k_ext, (torch.bfloat16,))
-    rows, k_st = _latent_rows("k_ext", k_ext)
-    if rows != T:
-        raise _err("k_ext", f"{T} rows (one latent per draft token, as q.shape[0])", rows)
-    _check_rows("k_ext", k_ext, (k_st,))
+    if draft_slots is not None:  # the drafts' latents are read from the pool at these slots
+        _check_index("draft_slots", draft_slots, (torch.int64, torch.int32), None)
+        if draft_slots.numel() != T:
+            raise _err("draft_slots", f"{T} slot ids (one per draft token, as q.shape[0])", draft_slots.numel())
+        if k_ext is not None:
+            raise _err("k_ext", "None when draft_slots is given (the drafts come from one of them)", "a tensor")
+    else:
+        if k_ext is None:
+            raise _err("k_ext", "the drafts' latents [T, 1, 576] (or draft_slots: their slots in kv_buffer)", None)
+        _check_dtype("k_ext", k_ext, (torch.bfloat16,))
+        rows, k_st = _latent_rows("k_ext", k_ext)
+        if rows != T:
+            raise _err("k_ext", f"{T} rows (one latent per draft token, as q.shape[0])", rows)
+        _check_rows("k_ext", k_ext, (k_st,))
 
     _check_dtype("kv_buffer", kv_buffer, (torch.bfloat16,))
     pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
@@ -237,7 +247,7 @@ def check_arguments(
             raise _err("out", f"shape [{T}, {H}, {V_DIM}]", list(out.shape))
         _check_rows("out", out, (out.stride(0), out.stride(1)))
         for name, t in (("q", q), ("k_ext", k_ext), ("kv_buffer", kv_buffer)):
-            if _overlaps(out, t):
+            if t is not None and _overlaps(out, t):
                 raise _err("out", f"memory that does not overlap '{name}'", "an overlapping view")
     if lse is not None:
         _check_dtype("lse", lse, (torch.float32,))
@@ -245,9 +255,10 @@ def check_arguments(
             raise _err("lse", f"a contiguous tensor of shape [{T}, {H}]", f"{list(lse.shape)} strides {list(lse.stride())}")
 
     if require_cuda:
-        named = [("q", q), ("k_ext", k_ext), ("kv_buffer", kv_buffer), ("qo_indptr", qo_indptr),
-                 ("kv_indptr", kv_indptr), ("kv_indices", kv_indices), ("custom_mask", custom_mask),
-                 ("mask_indptr", mask_indptr)]
+        named = [("q", q), ("k_ext" if k_ext is not None else "draft_slots",
+                             k_ext if k_ext is not None else draft_slots), ("kv_buffer", kv_buffer),
+                 ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
+                 ("custom_mask", custom_mask), ("mask_indptr", mask_indptr)]
         if out is not None:
             named.append(("out", out))
         if lse is not None:
@@ -336,8 +347,13 @@ class _Workspaces:
 _workspaces = _Workspaces()
 
 
-def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool: int, max_n: int) -> None:
+def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool: int, max_n: int,
+                        draft_slots: torch.Tensor | None = None) -> None:
     """KDTREE_DEBUG=1: check device values on the host (synchronises)."""
+    if draft_slots is not None and draft_slots.numel():
+        lo, hi = int(draft_slots.min()), int(draft_slots.max())
+        if lo < 0 or hi >= pool:
+            raise _err("draft_slots", f"slot ids in [0, {pool})", f"range [{lo}, {hi}]")
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
     mi = mask_indptr.tolist()
@@ -360,17 +376,21 @@ def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_i
 
 
 def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, sm_scale: float, max_n: int, num_splits: int, target: int = 0) -> None:
+            out, lse, workspace, sm_scale: float, max_n: int, num_splits: int, target: int = 0,
+            draft_slots: torch.Tensor | None = None) -> None:
     from kdtree_engine.kernel import library
 
     lib = library.load()
     T, H = q.shape[0], q.shape[1]
-    _, k_st = _latent_rows("k_ext", k_ext)
     pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
     a = library.KdtreeVerifyArgs()
     a.abi_version = library.ABI_VERSION
     a.q, a.q_stride_tok, a.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
-    a.k_ext, a.k_ext_stride_tok = k_ext.data_ptr(), k_st
+    if draft_slots is not None:  # the kernel reads the drafts from the pool at these slots
+        a.draft_slots, a.draft_slots_is_64 = draft_slots.data_ptr(), int(draft_slots.dtype == torch.int64)
+    else:
+        _, k_st = _latent_rows("k_ext", k_ext)
+        a.k_ext, a.k_ext_stride_tok = k_ext.data_ptr(), k_st
     a.kv, a.kv_stride_slot, a.pool_size = kv_buffer.data_ptr(), kv_st, pool
     a.qo_indptr, a.kv_indptr = qo_indptr.data_ptr(), kv_indptr.data_ptr()
     a.qo_indptr_is_64 = int(qo_indptr.dtype == torch.int64)
@@ -395,7 +415,7 @@ def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, 
 
 def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
          workspace: torch.Tensor | None, sm_scale: float, max_n: int, num_splits: int | None,
-         max_prefix_len: int | None, target: int = 0) -> None:
+         max_prefix_len: int | None, target: int = 0, draft_slots: torch.Tensor | None = None) -> None:
     """Choose the splits and the workspace (host-side, from the library), then launch.
     Shared by the eager path and the custom op's CUDA implementation."""
     from kdtree_engine.kernel import library
@@ -414,15 +434,15 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
                    f"{workspace.numel()} bytes on {workspace.device}")
     if debug_enabled() and not torch.cuda.is_current_stream_capturing():
         pool, _ = _latent_rows("kv_buffer", kv_buffer)
-        _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool, max_n)
+        _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool, max_n, draft_slots)
     _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, float(sm_scale), max_n, num_splits, target)
+            out, lse, workspace, float(sm_scale), max_n, num_splits, target, draft_slots)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=("out", "lse", "workspace"), device_types="cuda")
 def _verify_attention_op(
     q: torch.Tensor,
-    k_ext: torch.Tensor,
+    k_ext: torch.Tensor | None,
     kv_buffer: torch.Tensor,
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
@@ -437,26 +457,27 @@ def _verify_attention_op(
     num_splits: int,
     max_prefix_len: int,
     target: int,
+    draft_slots: torch.Tensor | None = None,
 ) -> None:
     """The op torch.compile sees. ``num_splits`` 0 and ``workspace`` None: chosen at run
     time (the per-stream workspace); ``max_prefix_len`` -1: no hint; ``target`` the ABI's
-    KDTREE_TARGET_* code."""
+    KDTREE_TARGET_* code; ``draft_slots`` (with ``k_ext`` None): the drafts' pool slots."""
     _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
-         sm_scale, max_n, num_splits or None, None if max_prefix_len < 0 else max_prefix_len, target)
+         sm_scale, max_n, num_splits or None, None if max_prefix_len < 0 else max_prefix_len, target, draft_slots)
 
 
 @_verify_attention_op.register_fake
 def _(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-      out, lse, workspace, sm_scale, max_n, num_splits, max_prefix_len, target) -> None:
+      out, lse, workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots=None) -> None:
     # The same host-side checks as an eager call, on fake tensors (shapes, dtypes, strides).
     check_arguments(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-                    sm_scale, max_n, out, lse, require_cuda=False)
+                    sm_scale, max_n, out, lse, require_cuda=False, draft_slots=draft_slots)
     return None
 
 
 def verify_attention(
     q: torch.Tensor,
-    k_ext: torch.Tensor,
+    k_ext: torch.Tensor | None,
     kv_buffer: torch.Tensor,
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
@@ -474,11 +495,13 @@ def verify_attention(
     prefix_lens_cpu: Sequence[int] | torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     target: str | None = None,
+    draft_slots: torch.Tensor | None = None,
 ):
     """Tree-verify MLA attention (docs/design.md section 4).
 
     q [T, H, 576] bf16; k_ext [T, 1, 576] (or [T, 576]) bf16, the drafts' own
-    latents; kv_buffer [P, 1, 576] (or [P, 576]) bf16, the paged pool;
+    latents, or None with ``draft_slots`` [T] int64/int32: the pool slots SGLang wrote
+    the drafts' latents to (``out_cache_loc``; the kernel reads them there, no gather); kv_buffer [P, 1, 576] (or [P, 576]) bf16, the paged pool;
     qo_indptr, kv_indptr int32 or int64 [bs + 1]; kv_indices int64 or int32;
     custom_mask bool or uint8, SGLang FULL_MASK; mask_indptr int64 [bs + 1];
     max_n: the most drafts any request has (a Python int).
@@ -501,7 +524,7 @@ def verify_attention(
         lens = prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else list(prefix_lens_cpu)
         max_prefix_len = max(lens, default=0)
     shapes = check_arguments(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-                             sm_scale, max_n, out, lse, prefix_lens_cpu)
+                             sm_scale, max_n, out, lse, prefix_lens_cpu, draft_slots=draft_slots)
     T, H = shapes.total_tokens, shapes.num_heads
     if out is None:
         out = torch.empty((T, H, V_DIM), dtype=torch.bfloat16, device=q.device)
@@ -519,8 +542,8 @@ def verify_attention(
         torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
                                           mask_indptr, out, lse, workspace, float(sm_scale), max_n,
                                           num_splits or 0, -1 if max_prefix_len is None else int(max_prefix_len),
-                                          tcode)
+                                          tcode, draft_slots)
     else:  # eager and CUDA-graph capture: skip the dispatcher's Python overhead
         _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
-             workspace, sm_scale, max_n, num_splits, max_prefix_len, tcode)
+             workspace, sm_scale, max_n, num_splits, max_prefix_len, tcode, draft_slots)
     return (out, lse) if return_lse else out

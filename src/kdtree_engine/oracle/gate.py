@@ -52,6 +52,7 @@ class Case:
     max_n: int | None = None
     keys: str = "random"  # or "ramp" / "spike": see shape_keys
     indptr_dtype: torch.dtype = torch.int32  # qo_indptr / kv_indptr (SGLang passes int64 qo_indptr)
+    drafts_in_pool: bool = False  # k_ext None: the drafts' latents at shuffled pool slots (draft_slots)
 
 
 def cases() -> list[Case]:
@@ -97,6 +98,9 @@ def cases() -> list[Case]:
     cs += [
         Case("edge", "strided-q-out", [4095], [16], 8, strided=True),
         Case("edge", "int64-indptrs", [4095], [16], 8, indptr_dtype=torch.int64),
+        Case("edge", "drafts-in-pool", [4095], [16], 8, drafts_in_pool=True),
+        Case("edge", "drafts-in-pool-bs3-int64", [63, 23000, 0], [16, 4, 7], 8, ["eagle", "chain", "star"],
+             num_splits=3, indptr_dtype=torch.int64, drafts_in_pool=True),
         Case("edge", "int64-indptrs-bs3-splits5", [63, 23000, 0], [16, 4, 7], 8, ["eagle", "chain", "star"],
              num_splits=5, indptr_dtype=torch.int64),
         Case("edge", "max_n-above-N", [100, 7], [5, 3], 4, max_n=32),
@@ -133,6 +137,14 @@ def run_case(c: Case, seed: int, device: torch.device, target: str = "native") -
     shape_keys(b, c.keys)
     qo_indptr, kv_indptr = b.qo_indptr.to(c.indptr_dtype), b.kv_indptr.to(c.indptr_dtype)
     T, H = b.q.shape[0], b.q.shape[1]
+    k_ext, kv_buffer, draft_slots = b.k_ext, b.kv_buffer, None
+    if c.drafts_in_pool:  # as SGLang with k None: the drafts were written to the pool at out_cache_loc
+        P = b.kv_buffer.shape[0]
+        g = torch.Generator().manual_seed(seed)
+        draft_slots = (P + torch.randperm(T, generator=g)).to(device)
+        kv_buffer = torch.cat([b.kv_buffer, torch.full_like(b.kv_buffer[:T], float("nan"))])
+        kv_buffer[draft_slots] = b.k_ext.view(T, *b.kv_buffer.shape[1:])
+        k_ext = None
     q = b.q
     if c.strided:  # q rows inside a wider buffer, out as a view of a wider buffer
         big = torch.randn((T, H + 3, 576 + 64), device=device).to(torch.bfloat16)
@@ -143,9 +155,9 @@ def run_case(c: Case, seed: int, device: torch.device, target: str = "native") -
     else:
         out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=device)
     lse = torch.full((T, H), float("nan"), dtype=torch.float32, device=device)
-    verify_attention(q, b.k_ext, b.kv_buffer, qo_indptr, kv_indptr, b.kv_indices, b.custom_mask,
+    verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, b.kv_indices, b.custom_mask,
                      b.mask_indptr, b.sm_scale, b.max_n, out=out, lse=lse, num_splits=c.num_splits,
-                     prefix_lens_cpu=b.prefix_lens, target=target)
+                     prefix_lens_cpu=b.prefix_lens, target=target, draft_slots=draft_slots)
     torch.cuda.synchronize()
     ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
     d = compare.compare(out, ref, lse, ref_lse)

@@ -360,18 +360,19 @@ def prepare(call: VerifyCall) -> dict[str, Any]:
     # The tensor SGLang's forward_extend returns: [tokens, heads * v_head_dim].
     o = attn_out if attn_out is not None else call.q.new_empty((call.q.shape[0], heads * layer.v_head_dim))
     kv_buffer = b.token_to_kv_pool.get_key_buffer(layer.layer_id)
-    if call.k is None:  # SGLang reads the drafts' latents back from the pool
-        k_ext = kv_buffer[fb.out_cache_loc]
-    else:
-        k_ext = call.k.contiguous()
-    qo_indptr = _as_dtype(m.qo_indptr, torch.int32)  # SGLang's CUDA-graph buffer is int64
+    # k None: SGLang wrote the drafts' latents to the pool at out_cache_loc; the kernel
+    # reads them there (no gather). The indptrs go in as SGLang keeps them (int64 or int32).
+    k_ext = None if call.k is None else call.k.contiguous()
+    draft_slots = fb.out_cache_loc if call.k is None else None
+    qo_indptr = m.qo_indptr
     return {
         "o": o,
         "q": call.q.view(-1, heads, layer.qk_head_dim),
         "k_ext": k_ext,
         "kv_buffer": kv_buffer,
         "qo_indptr": qo_indptr,
-        "kv_indptr": _as_dtype(m.kv_indptr, torch.int32),
+        "kv_indptr": m.kv_indptr,
+        "draft_slots": draft_slots,
         "kv_indices": m.kv_indices,
         "custom_mask": m.custom_mask,
         "mask_indptr": _as_dtype(m.mask_indptr, torch.int64),
@@ -400,7 +401,7 @@ def _launch(a: dict[str, Any]) -> None:
     verify_attention(
         a["q"], a["k_ext"], a["kv_buffer"], a["qo_indptr"], a["kv_indptr"], a["kv_indices"],
         a["custom_mask"], a["mask_indptr"], a["sm_scale"], a["max_n"],
-        out=a["out"], prefix_lens_cpu=a["prefix_lens_cpu"],
+        out=a["out"], prefix_lens_cpu=a["prefix_lens_cpu"], draft_slots=a["draft_slots"],
     )
 
 
