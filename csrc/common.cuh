@@ -35,6 +35,10 @@ constexpr int CHUNKS = ROW_BYTES / 16;    // 72 16-byte pieces per latent
 constexpr int BN = 32;                    // keys per tile of the portable kernel
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
+// The lazy maximum of both kernels: a row's running maximum moves only when a key tile
+// passes it by more than 2^RESCALE_LOG2 (log2 units); below that, P is taken against the
+// stale maximum (values up to 2^8, exact after the final division by l).
+constexpr float RESCALE_LOG2 = 8.f;
 constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
 constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
 

@@ -80,11 +80,25 @@ const char* kdtree_build_info(void) { return KDTREE_ARCHS; }
 
 int kdtree_device_config(int device, int32_t target, KdtreeConfig* out) {
   if (!out) return fail(KDTREE_EINVAL, "out is NULL");
+  // Chosen once per device and target: the properties and KDTREE_KERNEL do not change while
+  // the process runs, and this sits on every call's path.
+  static KdtreeConfig cache[64][2];
+  static bool have[64][2];
+  const int t = target == KDTREE_TARGET_NATIVE ? 0 : target == KDTREE_TARGET_SM120 ? 1 : -1;
+  const bool cacheable = device >= 0 && device < 64 && t >= 0;  // a bad target is refused below
+  if (cacheable && have[device][t]) {
+    *out = cache[device][t];
+    return KDTREE_OK;
+  }
   KdtreeDeviceProps d;
   int rc = kdtree::host::device_props(device, &d);
   if (rc != KDTREE_OK) return rc;
   rc = kdtree_choose_config(&d, target, kdtree::host::env_flags(), 0, out);
   if (rc != KDTREE_OK) return fail(rc, "%s", out->note);
+  if (cacheable) {
+    cache[device][t] = *out;
+    have[device][t] = true;
+  }
   return KDTREE_OK;
 }
 

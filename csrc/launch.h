@@ -49,10 +49,29 @@ int allow_smem(K kernel, int bytes, int* allowed_per_device, const char* what) {
   return KDTREE_OK;
 }
 
-int launch_mma(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream);
-int launch_sm90(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream);
 // Merge the splits (no-op with one split): a programmatic dependent of the main kernel.
 int launch_combine(const Params& p, cudaStream_t stream);
+
+// Launch a main kernel in configuration `cfg` over (row tiles, splits, requests), then the
+// combine. A plain launch: its inputs were written by the kernels before it on the stream,
+// whose memory a programmatic dependent would see only after griddepcontrol.wait.
+template <typename K, typename... Args>
+int launch_main(K kernel, int* allowed, const char* what, int block_rows, const Params& p, const KdtreeConfig& cfg,
+                cudaStream_t stream, const Args&... args) {
+  int rc = allow_smem(kernel, cfg.smem_request, allowed, what);
+  if (rc != KDTREE_OK) return rc;
+  const int row_tiles = (p.max_n * p.H + block_rows - 1) / block_rows;
+  const dim3 grid(row_tiles, p.num_splits, p.bs);
+  kernel<<<grid, cfg.threads, cfg.smem_request, stream>>>(args...);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+    return fail(KDTREE_ENOARCH, "no kernel image for this device (library built for %s)", KDTREE_ARCHS);
+  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel (%s) launch: %s", what, cudaGetErrorString(e));
+  return launch_combine(p, stream);
+}
+
+int launch_mma(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream);
+int launch_sm90(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream);
 
 }  // namespace host
 }  // namespace kdtree

@@ -64,18 +64,10 @@ int launch_sm90(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream) {
   if (cfg.threads != s9::THREADS || cfg.smem_bytes != s9::SMEM)
     return fail(KDTREE_EINVAL, "configuration %s (%d threads, %d B) is not the sm90 kernel's", cfg.name, cfg.threads,
                 cfg.smem_bytes);
-  int rc = allow_smem(s9::verify_attn_kernel_sm90, cfg.smem_request, allowed, "sm90");
-  if (rc != KDTREE_OK) return rc;
-  const int row_tiles = (p.max_n * p.H + s9::BM - 1) / s9::BM;
-  const dim3 grid(row_tiles, p.num_splits, p.bs);
   CUtensorMap map;
   memset(&map, 0, sizeof map);
   const int use_tma = pool_tensor_map(p, &map) ? 1 : 0;
-  // a plain launch (see launch_mma.cu); the combine is this kernel's programmatic dependent
-  s9::verify_attn_kernel_sm90<<<grid, s9::THREADS, cfg.smem_request, stream>>>(p, map, use_tma);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel (sm90) launch: %s", cudaGetErrorString(e));
-  return launch_combine(p, stream);
+  return launch_main(s9::verify_attn_kernel_sm90, allowed, "sm90", s9::BM, p, cfg, stream, p, map, use_tma);
 }
 
 }  // namespace host

@@ -50,10 +50,7 @@ constexpr int TPR = THREADS / BN;   // loader threads per key row
 #define KDTREE_QREG_VBUF 3
 #endif
 constexpr int VBUF = KDTREE_QREG_VBUF;  // V fragment buffers of the PV loop (loads VBUF - 1 steps ahead)
-// A row's maximum moves only when a tile's score passes it by more than 2^RESCALE_LOG2
-// (log2 units): P is taken against the stale maximum (values up to 2^8, exact after the
-// final division by l), and O is rescaled only when some row of the warp moved.
-constexpr float RESCALE_LOG2 = 8.f;
+// The lazy maximum (RESCALE_LOG2, common.cuh); O is rescaled only when some row of the warp moved.
 static_assert(SMEM == tiles::mma_qreg_bytes(), "tiles.h disagrees with the kernel's layout");
 static_assert(BM * RB <= SLAB_OFF, "Q is staged in the two key stages");
 static_assert(THREADS % BN == 0, "loader needs whole threads per key row");

@@ -54,10 +54,7 @@ constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base
 static_assert(SMEM == tiles::sm90_bytes() && TILE == tiles::SM90_TILE, "tiles.h disagrees with the kernel's layout");
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
 constexpr int RUN_ROWS = 32;                        // rows per producer warp: a TMA box when contiguous
-// A row's maximum moves only when a block's score exceeds it by more than
-// 2^RESCALE_LOG2 (log2 units); below that, P is taken against the stale maximum
-// (values up to 2^8, exact after the final division by l).
-constexpr float RESCALE_LOG2 = 8.f;
+// (the lazy maximum: RESCALE_LOG2, common.cuh)
 
 // wgmma shared-memory descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {

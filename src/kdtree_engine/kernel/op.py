@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 HEAD_DIM = 576
 V_DIM = 512
@@ -58,9 +59,7 @@ def resolve_target(target: str | None) -> int:
     ``sm_120`` runs exactly what an sm_120 GPU (RTX PRO 6000 Blackwell) runs, under its
     limits, on a GPU of compute capability >= 9.0; a real sm_120 ignores it."""
     if target is None:
-        raw = os.environ.get("KDTREE_TARGET", "").strip()
-        if raw in ("", "native"):
-            return 0
+        raw = os.environ.get("KDTREE_TARGET", "").strip() or "native"
         if raw not in TARGETS:
             raise VerifyArgumentError(f"KDTREE_TARGET: expected one of {', '.join(TARGETS)} (or unset), got {raw!r}")
         return TARGETS[raw]
@@ -102,8 +101,6 @@ def _has_memory(t: torch.Tensor) -> bool:
     for them and run again on the real tensors at the call."""
     if t.device.type == "meta" or torch.compiler.is_compiling():  # dynamo traces fake tensors
         return False
-    from torch._subclasses.fake_tensor import is_fake
-
     return not is_fake(t)
 
 
