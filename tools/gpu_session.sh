@@ -7,7 +7,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: ab-old sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab: "bs,N,H,L ..."), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
 set -uo pipefail
@@ -65,6 +65,12 @@ for step in "$@"; do
                 KDTREE_LIB=$PWD/$so $T python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
                   --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| [0-9b]|^bench"
               done ;;
+    ab-old) # the same bench (ours, FlashMLA) on a baseline tree carried in build/old (its src/ and lib/,
+            # e.g. `git archive <sha> src csrc`): the code before a change, timed on the same GPU
+            [ -d build/old ] || { echo "ab-old: no build/old carried"; exit 2; }
+            PYTHONPATH=/tmp/site:$PWD/build/old/src KDTREE_LIB=$PWD/build/old/lib/libkdtree_verify.so $T python3 -m kdtree_engine bench \
+              --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} --out /tmp/bench/ab-old --budget-s ${BENCH_BUDGET:-150} \
+              --evidence-dir /tmp/ab-ev-old 2>&1 | grep -E "^\| [0-9b]|^bench" ;;
     nox-oracle) $T python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-op) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py ;;
     gpu-test-serving) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op_serving.py ;;
