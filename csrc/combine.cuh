@@ -24,14 +24,22 @@ constexpr int COMBINE_NARROW_MAX = 8;
 constexpr int COMBINE_MAX_SPLITS = 1024;  // weights cached in shared memory; more splits re-read the LSE
 
 // Which token/head a global row is, or false when no request owns it / its request is
-// malformed (the main kernel flags those).
+// malformed (the main kernel flags those). It reads only inputs, none of the main kernel's
+// results, so the combines call it before griddepcontrol.wait: it overlaps the main
+// kernel's tail. The owning request is found by binary search over qo_indptr (a linear
+// scan is up to bs dependent loads per thread).
 __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head) {
   tok = static_cast<int>(grow / p.H);
   head = static_cast<int>(grow % p.H);
   auto qo = [&](int i) { return load_index(p.qo_indptr, p.qo_indptr_64, i); };
   if (tok >= qo(p.bs)) return false;  // a token no request owns
-  int b = 0;  // the request owning tok (bs is small; a linear scan keeps this simple and exact)
-  while (b + 1 < p.bs && qo(b + 1) <= tok) ++b;
+  // the first b with qo(b + 1) > tok (exists: qo(bs) > tok). Reads stay in [0, bs] even if
+  // qo_indptr is not monotonic; the main kernel flags such a batch.
+  int b = 0, hi = p.bs - 1;
+  while (b < hi) {
+    const int mid = (b + hi) >> 1;
+    if (qo(mid + 1) > tok) hi = mid; else b = mid + 1;
+  }
   const int64_t N = qo(b + 1) - qo(b);
   if (N < 0 || N > p.max_n) return false;
   const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
@@ -48,11 +56,12 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
 }
 
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const Params p) {
-  pdl_wait_primary();
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_GROUPS + threadIdx.x / 128;
   int tok, head;
-  if (grow >= TH || !combine_row(p, grow, tok, head)) return;
+  const bool owned = grow < TH && combine_row(p, grow, tok, head);  // inputs only: before the wait
+  pdl_wait_primary();
+  if (!owned) return;
   const int S = p.num_splits, c = (threadIdx.x % 128) * 4;
   float mx = -CUDART_INF_F;
   for (int s = 0; s < S; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
@@ -81,10 +90,11 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
   __shared__ float w_s[COMBINE_MAX_SPLITS];
   __shared__ float red[NT / 32];
   __shared__ float4 part[G - 1][128];
-  pdl_wait_primary();
   const int64_t grow = blockIdx.x;  // global row = token * H + head
   int tok, head;
-  if (!combine_row(p, grow, tok, head)) return;  // uniform over the CTA
+  const bool owned = combine_row(p, grow, tok, head);  // inputs only: before the wait
+  pdl_wait_primary();
+  if (!owned) return;  // uniform over the CTA
 
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

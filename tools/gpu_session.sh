@@ -7,9 +7,9 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: ab-old sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: ab-native ab-old sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
-# env:   AB_SHAPES (sm120-ab: "bs,N,H,L ..."), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
+# env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
 set -uo pipefail
 commit=$1; shift
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
@@ -71,6 +71,14 @@ for step in "$@"; do
             PYTHONPATH=/tmp/site:$PWD/build/old/src KDTREE_LIB=$PWD/build/old/lib/libkdtree_verify.so $T python3 -m kdtree_engine bench \
               --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} --out /tmp/bench/ab-old --budget-s ${BENCH_BUDGET:-150} \
               --evidence-dir /tmp/ab-ev-old 2>&1 | grep -E "^\| [0-9b]|^bench" ;;
+    ab-native) # tools/ab_native.py (CUDA-graph replay, AB_SHAPES or the batched shapes): this tree's build/lib with
+               # AB_ENV (e.g. "--env KDTREE_TMA=1 --env KDTREE_TMA=0") in AB_ROUNDS rounds, any AB_LIBS folders, then the baseline tree in build/old
+               A="python3 tools/ab_native.py --json /tmp/bench/ab-native.jsonl ${AB_SHAPES:+--shapes $AB_SHAPES}"
+               $T $A --label new ${AB_ENV:-} --rounds ${AB_ROUNDS:-2}
+               for d in ${AB_LIBS:-}; do KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T $A --label $(basename $d); done
+               [ -d build/old ] && PYTHONPATH=/tmp/site:$PWD/build/old/src KDTREE_LIB=$PWD/build/old/lib/libkdtree_verify.so \
+                 $T $A --label old
+               $T $A --label new-again ;;
     nox-oracle) $T python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-op) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py ;;
     gpu-test-serving) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op_serving.py ;;

@@ -131,12 +131,16 @@ _SERIAL_RE = re.compile(r"\(C7514\).*function '(\w+)'")
 
 
 def _short(name: str) -> str:
-    """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_wide_kernel)."""
+    """Mangled kernel name -> a readable one (combine_wide_kernel<4>, verify_attn_kernel_sm90<1,0>,
+    combine_narrow_kernel): its integer and bool template arguments, in order."""
     m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
-                  r"(ILi(\d+)EE|E|N)", name)
+                  r"(I((?:L[ib]n?\d+E)+)E|E|N)", name)
     if not m:
         return name
-    return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)
+    if not m.group(3):
+        return m.group(1)
+    args = [a.replace("n", "-") for a in re.findall(r"L[ib](n?\d+)E", m.group(3))]
+    return f"{m.group(1)}<{','.join(args)}>"
 
 
 def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
