@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -113,8 +115,9 @@ def test_choose_num_splits_fills_whole_waves():
     assert choose_num_splits(1, 16, 8, 132, 64) == 66
     # N=64 -> 8 row tiles: 16 splits (128 CTAs, one wave), not 17 (136 CTAs, two waves)
     assert choose_num_splits(1, 64, 8, 132, 64) == 16
-    # short prefix: at least 4 key tiles per split
+    # short prefix: ceil((prefix + N) / 128) splits, the device's own rule (csrc/common.cuh split_plan)
     assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=240) == 2
+    assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=4096) == 33
     # a big batch fills the GPU on its own
     assert choose_num_splits(16, 8, 128, 132, 64) == 1
     # no drafts still counts one row tile per request (never zero CTAs, never a division by zero)
@@ -122,6 +125,59 @@ def test_choose_num_splits_fills_whole_waves():
     # more SMs than splits allowed: capped at max_splits
     assert choose_num_splits(1, 1, 1, 1000, 64) == 256
     assert choose_num_splits(1, 1, 1, 1000, 64, max_splits=40) == 40
+
+
+SPLIT_PLAN_MAIN = r"""
+#include <cstdio>
+#include "common.cuh"
+int main() {  // "KV num_splits split_keys" per line in, "splits per" per line out
+  int kv, s, k;
+  while (scanf("%d %d %d", &kv, &s, &k) == 3) {
+    const kdtree::SplitPlan sp = kdtree::split_plan(kv, s, k);
+    printf("%d %d\n", sp.splits, sp.per);
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_split_plan_mirror_and_properties(tmp_path):
+    """Issue 16: the split schedule every CTA computes on the device (csrc/common.cuh
+    split_plan, compiled here for the host by nvcc and run on the CPU). For every length
+    and grid: at least one split, at most the grid's num_splits (and 1024), about 128 keys
+    per split at the least, every split non-empty and together covering every key; where
+    the grid is what limits it, each split is exactly as long as the host-only schedule
+    made it (whole 32-key tiles; for the sm90 kernel (128-key steps) whole pairs of
+    64-key blocks, never a padding block but at a request's end). The Python mirror the
+    fast-path test uses agrees with it everywhere."""
+    import shutil
+    import subprocess
+
+    src = tmp_path / "plan.cu"
+    src.write_text(SPLIT_PLAN_MAIN)
+    exe = tmp_path / "plan"
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    subprocess.run([shutil.which("nvcc"), "-std=c++17", "-I", str(csrc), "-o", str(exe), str(src)], check=True,
+                   capture_output=True, text=True)
+    lengths = list(range(0, 700)) + [1000, 1040, 1041, 4096, 4112, 5064, 23016, 65552, 91016, 131200, 2**20,
+                                     2**31 - 256]
+    grids = (1, 2, 3, 7, 16, 33, 64, 66, 132, 256, 1024, 1025, 5000, 65535)
+    cases = [(kv, s, k) for kv in lengths for s in grids for k in (32, 128)]
+    out = subprocess.run([str(exe)], input="".join(f"{kv} {s} {k}\n" for kv, s, k in cases), check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    for (kv, s, k), line in zip(cases, out, strict=True):
+        splits, per = map(int, line.split())
+        where = f"KV={kv} num_splits={s} split_keys={k}: splits={splits} per={per}"
+        assert (splits, per) == _split_plan(kv, s, k), where
+        assert 1 <= splits <= min(s, 1024) and splits <= max(1, -(-kv // 128)), where
+        assert (splits - 1) * per * k < max(kv, 1) <= splits * per * k, where  # non-empty, all covered
+        if s == 1:
+            assert splits == 1, where
+        if s <= 1024 and -(-kv // 128) >= s:  # the grid limits it: the old schedule's split length
+            blocks = -(-kv // (64 if k == 128 else 32))
+            old = -(-blocks // s)
+            assert per * k == (-(-old // 2) * 128 if k == 128 else old * 32), where
 
 
 def test_qo_indptr_of_the_wrong_length_is_named():
@@ -208,21 +264,33 @@ def test_device_error_word_reports_a_bad_slot_until_it_is_read(monkeypatch, num_
     assert compare.compare(out, ref).passed
 
 
+def _split_plan(kv: int, num_splits: int, split_keys: int) -> tuple[int, int]:
+    """csrc/common.cuh split_plan, for the tests' expectations: (splits, steps of
+    split_keys keys per split) of a request of kv keys. test_split_plan_mirror_and_properties
+    checks it against the compiled function."""
+    want = max(1, min(num_splits, 1024, -(-kv // op.SPLIT_MIN_KEYS)))
+    steps = max(1, -(-kv // split_keys))
+    per = -(-steps // want)
+    return -(-steps // per), per
+
+
 def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
     """Blocks of 32 key rows the sm_90a kernel should load through the contiguous fast
-    path: in each split's key blocks (taken in pairs, so a split with an odd number of
-    blocks also loads the next one, which it masks out), every 32-row group of prefix
-    positions whose slots are consecutive, once per 64-row query tile of the request."""
+    path: in each split's key blocks (the device's schedule: whole pairs of 64-key blocks,
+    so only a request's last split can end on an odd block, and the block past it lies
+    past the request's keys), every 32-row group of prefix positions whose slots are
+    consecutive, once per 64-row query tile of the request."""
     kv_indptr, slots = b.kv_indptr.cpu().tolist(), b.kv_indices.cpu().long()
     total = 0
     for r, n in enumerate(b.n_drafts):
         s = slots[kv_indptr[r] : kv_indptr[r + 1]]
         L = s.numel()
         ntiles = -(-(L + n) // 64)
-        per = -(-ntiles // num_splits)
+        splits, per = _split_plan(L + n, num_splits, 128)
         loaded = []
-        for t0 in range(0, ntiles, per):
-            t1 = min(ntiles, t0 + per)
+        for t0 in range(0, 2 * per * splits, 2 * per):
+            t1 = min(ntiles, t0 + 2 * per)
+            assert t0 < t1  # every split of the plan has keys
             loaded += range(t0, t0 + 2 * ((t1 - t0 + 1) // 2))
         groups = [g for t in loaded for g in (2 * t, 2 * t + 1) if 32 * g + 32 <= L]
         runs = sum(bool((s[32 * g : 32 * g + 32] - s[32 * g] == torch.arange(32)).all()) for g in groups)
