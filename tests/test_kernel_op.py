@@ -224,6 +224,96 @@ def test_kernel_matches_reference_small(tree):
     assert d.passed, d
 
 
+def _target_or_skip(target: str) -> None:
+    from kdtree_engine.oracle.gate import default_targets
+
+    if target not in default_targets(torch.cuda.current_device()):
+        pytest.skip(f"target {target} does not run on this GPU")
+
+
+#: (prefix lengths, drafts per request, heads): far shorter than 64 splits need
+SPLIT_CASES = [
+    ([300], [16], 8),
+    ([1000], [16], 8),
+    ([300], [1], 8),
+    ([1000], [64], 8),
+    ([0, 100, 5000], [1, 7, 64], 8),
+    ([0, 100, 5000], [16, 16, 16], 16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+@pytest.mark.parametrize("return_lse", [False, True], ids=["out", "out+lse"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "L" + "-".join(map(str, c[0])) + "-N" +
+                         "-".join(map(str, c[1])) + f"-H{c[2]}")
+def test_splits_far_above_what_the_lengths_need(target, return_lse, case):
+    """Issue 16: with num_splits forced to 64 (as the GPU-filling grid under graph capture,
+    where no host hint exists), each request takes only the splits its length needs
+    (csrc/common.cuh split_plan): the other CTAs write nothing, a request of one split
+    (prefix 0 and 100 here) writes its output directly, the combine merges only a row's
+    own splits. The workspace past its header is all 0xFF bytes (NaN as fp32), so a
+    partial that some split did not write but the combine read shows up as NaN."""
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    lens, ns, H = case
+    b = workloads.make_batch(lens, ns, H, seed=sum(lens) + len(ns), device="cuda")
+    lib = library.load()
+    T = b.q.shape[0]
+    ws = torch.full((lib.workspace_bytes(T * H, 64),), 0xFF, dtype=torch.uint8, device="cuda")
+    ws[: op.WS_HEADER].zero_()
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = op.verify_attention(*b.kernel_args(), out=out, num_splits=64, workspace=ws, return_lse=return_lse,
+                              target=target)
+    lse = got[1] if return_lse else None
+    ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
+    d = compare.compare(out, ref, lse, ref_lse if return_lse else None)
+    assert d.passed, d
+    assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
+    """Issue 16, as SGLang runs verify: one capture with no host hint (the grid takes the
+    GPU-filling split count), then replays with other lengths written into the same
+    buffers on the device. Every replay matches the reference: the short ones take few
+    splits (a request of prefix 0 or 100 one, written without the combine), and a replay
+    after a longer one never reads the partials its unused splits left in the workspace."""
+    from kdtree_engine.graph.capture import Capacity, VerifyGraph, capture_graph
+    from kdtree_engine.graph.gate import _step
+
+    _target_or_skip(target)
+    heads, n, max_bs, max_prefix = 8, 16, 2, 6000
+    sm_scale = workloads.DEEPSEEK_SM_SCALE
+    cap = Capacity(max_bs=max_bs, max_n=n, max_prefix_tokens=max_bs * max_prefix + max_bs, num_heads=heads,
+                   max_prefix_len=max_prefix)
+    gen = torch.Generator().manual_seed(4)
+    pool = torch.randn((cap.max_prefix_tokens + 1, 1, 576), generator=gen).to(torch.bfloat16).to("cuda")
+    vg = VerifyGraph(pool, cap, sm_scale)
+
+    def call() -> None:  # no max_prefix_len and no prefix_lens_cpu: what the plugin passes under capture
+        op.verify_attention(vg.q, vg.k_ext, vg.kv_buffer, vg.qo_indptr, vg.kv_indptr, vg.kv_indices, vg.custom_mask,
+                            vg.mask_indptr, sm_scale, n, out=vg.out, lse=vg.lse, target=target)
+
+    vg.load(_step(pool, [1000, 1000], n, heads, "eagle", 1, sm_scale))
+    graph, _ = capture_graph(call)
+    for i, lens in enumerate(([1000, 1000], [300], [6000, 4096], [0, 100], [5000, 1], [300, 300], [6000])):
+        b = _step(pool, lens, n, heads, "eagle", 10 + i, sm_scale)
+        vg.load(b)
+        vg.out.fill_(float("nan"))
+        vg.lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        T = b.bs * n
+        ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
+        d = compare.compare(vg.out[:T], ref, vg.lse[:T], ref_lse)
+        assert d.passed, (lens, d)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bad_input_writes_nothing_on_gpu():
