@@ -1,7 +1,9 @@
-// kdtree-engine: the split-KV combine. With num_splits > 1 every main kernel writes
-// fp32 partial outputs and their LSE per split into the workspace; these kernels
-// merge them into the bf16 output (and the LSE). Launched as a programmatic
-// dependent of the main kernel (they wait in griddepcontrol.wait for its memory).
+// kdtree-engine: the split-KV combine. A request of several splits (common.cuh
+// split_plan, at most num_splits) has its main-kernel CTAs write fp32 partial outputs
+// and their LSE per split into the workspace; these kernels merge them into the bf16
+// output (and the LSE). Rows of a request of one split were written by the main kernel
+// and are skipped. Launched (whenever num_splits > 1) as a programmatic dependent of
+// the main kernel (they wait in griddepcontrol.wait for its memory).
 #pragma once
 
 #include "common.cuh"
@@ -13,7 +15,8 @@ namespace kdtree {
 // walks the splits itself. Many splits: one row per CTA of G groups of 128 threads; the
 // LSEs go through shared memory once (max, then weights) and group q sums splits q,
 // q + G, ... with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
-// latency-bound), then the groups meet in shared memory. G = 8 (64 splits in flight, one
+// latency-bound; each split below the row's count wrote its partial, so the loads wait
+// for no weight), then the groups meet in shared memory. G = 8 (64 splits in flight, one
 // round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
 // resident per SM, which costs more than it saves at 16 splits (bs1 N64 H8 65k +4 us).
 constexpr int COMBINE_GROUPS = 4;
@@ -21,14 +24,15 @@ constexpr int COMBINE_UNROLL = 8;
 constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
 constexpr int COMBINE_WIDE8_MIN = 33;
 constexpr int COMBINE_NARROW_MAX = 8;
-constexpr int COMBINE_MAX_SPLITS = 1024;  // weights cached in shared memory; more splits re-read the LSE
 
-// Which token/head a global row is, or false when no request owns it / its request is
-// malformed (the main kernel flags those). It reads only inputs, none of the main kernel's
-// results, so the combines call it before griddepcontrol.wait: it overlaps the main
-// kernel's tail. The owning request is found by binary search over qo_indptr (a linear
-// scan is up to bs dependent loads per thread).
-__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head) {
+// Which token/head a global row is and how many splits its request took (the main
+// kernels' split_plan), or false when there is nothing to merge: no request owns the row,
+// its request is malformed (the main kernel flags those) or took one split (the main
+// kernel wrote the row itself). It reads only inputs, none of the main kernel's results,
+// so the combines call it before griddepcontrol.wait: it overlaps the main kernel's tail.
+// The owning request is found by binary search over qo_indptr (a linear scan is up to bs
+// dependent loads per thread).
+__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head, int& splits) {
   tok = static_cast<int>(grow / p.H);
   head = static_cast<int>(grow % p.H);
   auto qo = [&](int i) { return load_index(p.qo_indptr, p.qo_indptr_64, i); };
@@ -43,7 +47,9 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
   const int64_t N = qo(b + 1) - qo(b);
   if (N < 0 || N > p.max_n) return false;
   const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
-  return !(kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX);
+  if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) return false;
+  splits = split_plan(static_cast<int>(kv_hi - kv_lo + N), p.num_splits, p.split_keys).splits;
+  return splits > 1;
 }
 
 __device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,
@@ -58,11 +64,11 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const Params p) {
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_GROUPS + threadIdx.x / 128;
-  int tok, head;
-  const bool owned = grow < TH && combine_row(p, grow, tok, head);  // inputs only: before the wait
+  int tok, head, S;  // S: the splits of this row's request
+  const bool owned = grow < TH && combine_row(p, grow, tok, head, S);  // inputs only: before the wait
   pdl_wait_primary();
   if (!owned) return;
-  const int S = p.num_splits, c = (threadIdx.x % 128) * 4;
+  const int c = (threadIdx.x % 128) * 4;
   float mx = -CUDART_INF_F;
   for (int s = 0; s < S; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -71,7 +77,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const P
 #pragma unroll COMBINE_NARROW_MAX
     for (int s = 0; s < S; ++s) {
       const float ls = p.lse_part[s * TH + grow];
-      if (ls == -CUDART_INF_F) continue;  // empty split: its O was never written
+      if (ls == -CUDART_INF_F) continue;  // no visible key of this row in the split: weight 0
       const float wt = __expf(ls - mx);
       sum += wt;
       const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
@@ -87,23 +93,21 @@ constexpr int COMBINE_WIDE_THREADS = 128 * G;  // G groups of 128 threads
 template <int G>
 __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(const Params p) {
   constexpr int NT = COMBINE_WIDE_THREADS<G>;
-  __shared__ float w_s[COMBINE_MAX_SPLITS];
+  __shared__ float w_s[MAX_SPLITS];  // a row's LSEs, then its weights
   __shared__ float red[NT / 32];
   __shared__ float4 part[G - 1][128];
   const int64_t grow = blockIdx.x;  // global row = token * H + head
-  int tok, head;
-  const bool owned = combine_row(p, grow, tok, head);  // inputs only: before the wait
+  int tok, head, S;  // S: the splits of this row's request
+  const bool owned = combine_row(p, grow, tok, head, S);  // inputs only: before the wait
   pdl_wait_primary();
   if (!owned) return;  // uniform over the CTA
 
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int S = p.num_splits;
-  const bool cached = S <= COMBINE_MAX_SPLITS;
   float mx = -CUDART_INF_F;  // max of the LSEs
   for (int s = tid; s < S; s += NT) {
     const float ls = p.lse_part[s * TH + grow];
-    if (cached) w_s[s] = ls;
+    w_s[s] = ls;
     mx = fmaxf(mx, ls);
   }
 #pragma unroll
@@ -114,13 +118,13 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
 #pragma unroll
   for (int i = 1; i < NT / 32; ++i) mx = fmaxf(mx, red[i]);
   __syncthreads();  // red is reused for the sum below
-  // weights exp(lse - max); an empty split (LSE -inf, O never written) weighs 0
+  // weights exp(lse - max); a split with no visible key of this row (LSE -inf) weighs 0
   float sum = 0.f;
   if (mx != -CUDART_INF_F) {
     for (int s = tid; s < S; s += NT) {
-      const float ls = cached ? w_s[s] : p.lse_part[s * TH + grow];
+      const float ls = w_s[s];
       const float wt = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
-      if (cached) w_s[s] = wt;
+      w_s[s] = wt;
       sum += wt;
     }
   }
@@ -138,25 +142,17 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
     const float* base = p.o_part + grow * DV + c;
     for (int s0 = grp; s0 < S; s0 += G * COMBINE_UNROLL) {
       float4 v[COMBINE_UNROLL];
-      float wt[COMBINE_UNROLL];
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {
         const int s = s0 + u * G;
-        wt[u] = 0.f;
-        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (s < S) {
-          if (cached) {
-            wt[u] = w_s[s];
-          } else {
-            const float ls = p.lse_part[s * TH + grow];
-            wt[u] = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
-          }
-          if (wt[u] > 0.f) v[u] = *reinterpret_cast<const float4*>(base + s * TH * DV);
-        }
+        v[u] = s < S ? *reinterpret_cast<const float4*>(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {
-        o.x += wt[u] * v[u].x; o.y += wt[u] * v[u].y; o.z += wt[u] * v[u].z; o.w += wt[u] * v[u].w;
+        const int s = s0 + u * G;
+        if (s >= S) break;
+        const float wt = w_s[s];
+        o.x += wt * v[u].x; o.y += wt * v[u].y; o.z += wt * v[u].z; o.w += wt * v[u].w;
       }
     }
   }

@@ -4,6 +4,14 @@
 // tiles a CTA takes, the device-side checks of indptrs, slot ids and mask
 // extents, the tree-mask test and the epilogue that writes O and the LSE.
 //
+// The split schedule is the device's (issue 16): the host's num_splits sizes the grid
+// and the workspace and is only the most splits a request may take. Every CTA of the
+// main kernels and the combine derives its request's own split count from the lengths
+// it reads (split_plan: about 128 keys per split at the least, every split non-empty),
+// so a graph captured with the GPU-filling maximum launches the CTAs of a short prefix
+// and exits the rest at once; a request of one split writes O and the LSE itself and
+// the combine skips its rows. No host value and no extra kernel is involved.
+//
 // Device-side checks never trust a device value: a bad one sets a bit in the
 // workspace's error word (KDTREE_ERR_*) and the read it would have caused is
 // skipped. The word is sticky: no kernel clears it; kdtree_read_device_error
@@ -66,7 +74,8 @@ struct Params {
   float* o_part;     // [num_splits, T*H, 512]
   float* lse_part;   // [num_splits, T*H]
   int* err;
-  int bs, H, max_n, T, num_splits;
+  int bs, H, max_n, T, num_splits;  // num_splits: the grid's (the most any request takes, split_plan)
+  int split_keys;  // keys per step of the split schedule: one tile, or the sm90 kernel's pair of blocks
   float scale_log2;
 };
 
@@ -194,18 +203,41 @@ __device__ __forceinline__ KeySrc key_source(const Params& p, int pos, int L, in
   return key_resolve(p, key_slot(p, pos, L, kv_start), pos, L, N, qo_start);
 }
 
-// What one CTA works on: request b's query rows r0 .. r0+BM and key tiles [t_begin, t_end).
+// A request's split schedule over KV keys (its prefix and drafts), from the grid's
+// num_splits and the kernel's step of split_keys keys (the unit a split is cut in):
+// ceil(KV / SPLIT_MIN_KEYS) splits (the host hint's rule, op.py choose_num_splits: more
+// would add partials to write and merge for little), at most num_splits and MAX_SPLITS,
+// of `per` steps each; the count is then trimmed so that every split is non-empty. The
+// main kernels and the combine both call this, so they agree on which splits of a row
+// hold partials. (The sm90 kernel's step is its pair of 64-key blocks, 128 keys: a
+// split never ends half-way through a pair, and a prefix of up to num_splits x 128 keys
+// takes one pair per split.)
+constexpr int SPLIT_MIN_KEYS = 128;
+// The combine keeps a row's weights in shared memory (1024 splits fill any GPU).
+constexpr int MAX_SPLITS = 1024;
+struct SplitPlan {
+  int splits, per;  // splits of this request; steps of split_keys keys per split
+};
+__host__ __device__ __forceinline__ SplitPlan split_plan(int KV, int num_splits, int split_keys) {
+  const int want = max(1, min(min(num_splits, MAX_SPLITS), (KV + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS));
+  const int steps = max(1, (KV + split_keys - 1) / split_keys);
+  const int per = (steps + want - 1) / want;
+  return {(steps + per - 1) / per, per};
+}
+
+// What one CTA works on: request b's query rows r0 .. r0+BM and key tiles [t_begin, t_end)
+// of the request's `splits` splits (one: O and the LSE go straight to the output).
 struct Work {
-  int qo_start, kv_lo, N, rows, r0, L, KV, t_begin, t_end;
+  int qo_start, kv_lo, N, rows, r0, L, KV, t_begin, t_end, splits;
   int64_t mask_base;
   bool mask_ok;
 };
 
 // Read and validate request b's metadata (device values, never trusted: a bad
 // value sets a bit in *err and the CTA does nothing). Returns false when the
-// CTA has no work; an empty split still marks its rows' LSE so combine skips it.
-__device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int bm, int split, int bn,
-                                           int tid, int nthreads, Work& w) {
+// CTA has no work: a split past its request's count (split_plan) writes nothing,
+// and the combine reads only the splits below that count.
+__device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int split, int bn, int tid, Work& w) {
   const bool reporter = tid == 0 && r0 == 0 && split == 0;
   const int64_t qo_lo64 = load_index(p.qo_indptr, p.qo_indptr_64, b);
   const int64_t qo_hi64 = load_index(p.qo_indptr, p.qo_indptr_64, b + 1);
@@ -229,21 +261,16 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int b
   if (r0 >= w.rows) return false;  // no such row tile for this request (combine skips it too)
   w.L = kv_hi - w.kv_lo;
   w.KV = w.L + w.N;
+  const SplitPlan sp = split_plan(w.KV, p.num_splits, p.split_keys);
+  if (split >= sp.splits) return false;  // a split this request does not need (split 0 always is)
+  w.splits = sp.splits;
   w.mask_base = p.mask_indptr[b];
   w.mask_ok = w.N == 0 || (w.mask_base >= 0 && w.mask_base + static_cast<int64_t>(w.N) * w.KV <= p.mask_len);
   if (!w.mask_ok && reporter) report_error(p.err, KDTREE_ERR_MASK);
-  const int ntiles = (w.KV + bn - 1) / bn;
-  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
-  w.t_begin = split * per;
-  w.t_end = min(ntiles, w.t_begin + per);
-  if (w.t_begin >= w.t_end) {
-    if (p.num_splits > 1) {
-      const int64_t grow0 = static_cast<int64_t>(w.qo_start) * p.H + r0;
-      for (int r = tid; r < bm && r0 + r < w.rows; r += nthreads)
-        p.lse_part[static_cast<int64_t>(split) * p.T * p.H + grow0 + r] = -CUDART_INF_F;
-    }
-    return false;
-  }
+  // split < sp.splits: its first step lies before the end, so t_begin < t_end
+  const int ntiles = (w.KV + bn - 1) / bn, tiles_per = sp.per * (p.split_keys / bn);
+  w.t_begin = split * tiles_per;
+  w.t_end = min(ntiles, w.t_begin + tiles_per);
   return true;
 }
 
@@ -263,10 +290,11 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 }
 // Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
 // half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
-// o with one split, fp32 normalised partials plus LSE to the workspace with several.
+// o when the request has one split, fp32 normalised partials plus LSE to the workspace
+// (`partial`: it has several, Work::splits).
 __device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
                                            const float* l_run, int r0, int rows, int qo_start,
-                                           int split, int half, int tq) {
+                                           int split, bool partial, int half, int tq) {
   const int H = p.H;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -276,7 +304,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
     const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
     const int tok = rr / H, head = rr % H;
     const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
-    if (p.num_splits > 1) {
+    if (partial) {
       float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
 #pragma unroll
       for (int i = 0; i < 32; ++i)

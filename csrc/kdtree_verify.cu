@@ -191,6 +191,9 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   p.max_n = a->max_n;
   p.T = a->total_tokens;
   p.num_splits = a->num_splits;
+  // the unit a request's splits are cut in (common.cuh split_plan): what one iteration of
+  // the kernel takes, a 32-key tile or the sm90 kernel's pair of 64-key blocks
+  p.split_keys = cfg.kernel == KDTREE_KERNEL_SM90 ? 2 * kdtree::tiles::SM90_BN : kdtree::tiles::MMA_BN;
   p.scale_log2 = a->sm_scale * kdtree::LOG2E;
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);

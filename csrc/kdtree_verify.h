@@ -112,6 +112,8 @@ typedef struct KdtreeVerifyArgs {
   void* workspace;            // kdtree_workspace_bytes(T * H, num_splits) bytes
   int64_t workspace_bytes;
 
+  // num_splits: the grid's split count (and the workspace's); each request takes at most
+  // ceil((prefix + N) / 128) of them, chosen on the device from its lengths
   int32_t bs, num_heads, max_n, total_tokens, num_splits;
   float sm_scale;             // softmax scale, must be > 0
   int32_t target;             // KDTREE_TARGET_*

@@ -54,6 +54,7 @@ constexpr int VBUF = KDTREE_QREG_VBUF;  // V fragment buffers of the PV loop (lo
 static_assert(SMEM == tiles::mma_qreg_bytes(), "tiles.h disagrees with the kernel's layout");
 static_assert(BM * RB <= SLAB_OFF, "Q is staged in the two key stages");
 static_assert(THREADS % BN == 0, "loader needs whole threads per key row");
+static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_keys) is one of these tiles");
 
 // the two warps of row group rg (64 threads): named barrier rg + 1 (0 is __syncthreads)
 // (immediate ids, so ptxas reserves 5 barriers, not all 16)
@@ -79,9 +80,10 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   const int g = lane >> 2, tq = lane & 3;
 
   Work w;
-  if (!setup_work(p, b, rt * BM, BM, split, BN, tid, THREADS, w)) return;
+  if (!setup_work(p, b, rt * BM, split, BN, tid, w)) return;
   const int qo_start = w.qo_start, kv_lo = w.kv_lo, N = w.N, rows = w.rows, r0 = w.r0, L = w.L;
   const int t_begin = w.t_begin, t_end = w.t_end, H = p.H;
+  const bool partial = w.splits > 1;
 
   // ---- Q: BM rows x 72 chunks staged in the key stages, then this warp's fragments ----
   for (int c = tid; c < BM * CHUNKS; c += THREADS) {
@@ -300,7 +302,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, kh, tq);
+  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, partial, kh, tq);
 }
 
 }  // namespace kdtree

@@ -52,6 +52,7 @@ constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published
 constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3]
 constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base to 1024
 static_assert(SMEM == tiles::sm90_bytes() && TILE == tiles::SM90_TILE, "tiles.h disagrees with the kernel's layout");
+static_assert(BN == tiles::SM90_BN, "the split schedule's step (Params::split_keys) is two of these blocks");
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
 constexpr int RUN_ROWS = 32;                        // rows per producer warp: a TMA box when contiguous
 // (the lazy maximum: RESCALE_LOG2, common.cuh)
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
 
   Work w;
-  if (!setup_work(p, b, rt * BM, BM, split, BN, tid, THREADS, w)) return;  // uniform over the CTA
+  if (!setup_work(p, b, rt * BM, split, BN, tid, w)) return;  // uniform over the CTA
   const int H = p.H;
   const int npairs = (w.t_end - w.t_begin + 1) / 2;
   if (tid == 0) {
@@ -425,7 +426,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   math_sync();
   l_run[0] += red_sum[(wg ^ 1) * 64 + row0];
   l_run[1] += red_sum[(wg ^ 1) * 64 + row0 + 8];
-  store_rows(p, o, m_cur, l_run, myrow0, w.rows, w.qo_start, split, wg, tq);
+  store_rows(p, o, m_cur, l_run, myrow0, w.rows, w.qo_start, split, w.splits > 1, wg, tq);
 #endif
 }
 

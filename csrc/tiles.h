@@ -18,6 +18,7 @@ constexpr int mma_qreg_bytes() { return 2 * MMA_BN * ROW_BYTES + MMA_QREG_WARPS 
 
 // sm90: Q + two 64-key buffers (9 swizzled 64 x 64 chunks each), published maxima and
 // row sums, 12 mbarriers, and 1 KB to align the base to 1024.
+constexpr int SM90_BN = 64;  // keys per block, taken in pairs
 constexpr int SM90_TILE = 9 * 64 * 128;
 constexpr int sm90_bytes() { return 3 * SM90_TILE + 2 * 2 * 64 * 4 + 12 * 8 + 1024; }
 

@@ -19,9 +19,14 @@ DESIGN_ROWS = [
 ]
 
 
-def test_micro_is_the_design_table():
+def test_micro_is_the_design_table_and_the_nohint_cases():
     micro = suites.SUITES["micro"]
-    assert [(c.bs, c.n, c.heads, c.prefix) for c in micro.cases] == [r[:4] for r in DESIGN_ROWS]
+    hinted = [c for c in micro.cases if c.hint]
+    assert [(c.bs, c.n, c.heads, c.prefix) for c in hinted] == [r[:4] for r in DESIGN_ROWS]
+    # issue 16: bs1 N16 H8 at 1k and 4k as under graph capture (ours without the host hint)
+    assert [(c.bs, c.n, c.heads, c.prefix, c.name) for c in micro.cases if not c.hint] == [
+        (1, 16, 8, 1024, "bs1-N16-H8-L1024-nohint"), (1, 16, 8, 4096, "bs1-N16-H8-L4096-nohint")]
+    assert len(micro.cases) == len(DESIGN_ROWS) + 2
     assert all(c.masks == ("tree", "chain") for c in micro.cases)
     assert micro.systems == suites.SYSTEMS
     assert "extend_50x" not in micro.targets  # DESIGN: the 50x target is the long-context suite's
@@ -99,6 +104,29 @@ def test_rotations():
     for mid in (Case(1, 16, 8, 4096), Case(1, 16, 8, 65536)):
         r = data.rotations(mid, l2)
         assert r * roofline.case_bytes(mid) >= 3 * l2 > (r - 1) * roofline.case_bytes(mid)
+
+
+def test_nohint_case_is_ours_without_the_hint_on_the_same_data(monkeypatch):
+    """A ``hint=False`` case builds the same request as its hinted twin (same seed) and
+    marks its batches so that ours is called without ``max_prefix_len``."""
+    from kdtree_engine.kernel import op
+
+    with_hint, without = Case(1, 4, 2, 70), Case(1, 4, 2, 70, hint=False)
+    assert without.name == "bs1-N4-H2-L70-nohint" and without.series == "bs1 N4 H2 nohint"
+    b0 = data.build_sets(with_hint, 1, "cpu", seed=2)[0].batch("tree")
+    b1 = data.build_sets(without, 1, "cpu", seed=2)[0].batch("tree")
+    assert torch.equal(b0.q, b1.q) and torch.equal(b0.kv_buffer, b1.kv_buffer)
+    assert b0.meta["hint"] is True and b1.meta["hint"] is False
+    calls = []
+
+    def fake(*args, **kw):
+        calls.append(kw.get("max_prefix_len"))
+        return kw["out"]
+
+    monkeypatch.setattr(op, "verify_attention", fake)
+    PEERS["ours"].prepare(b0)()
+    PEERS["ours-sm120"].prepare(b1)()
+    assert calls == [70, None]
 
 
 def test_build_sets_layout_masks_and_data():

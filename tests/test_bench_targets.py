@@ -63,6 +63,24 @@ def test_extend_50x_fails_and_says_by_how_much():
     assert "FAIL" in tr.summary()
 
 
+def test_micro_targets_cover_the_nohint_cases():
+    """Issue 16: the no-hint micro cases (ours as under graph capture) are held to the
+    FlashMLA target like every micro shape, and are not sm_120 seed shapes."""
+    micro = SUITES["micro"]
+    nohint = [c.name for c in micro.cases if not c.hint]
+    assert nohint == ["bs1-N16-H8-L1024-nohint", "bs1-N16-H8-L4096-nohint"]
+    t = good(micro.cases)
+    t[(nohint[0], "ours", "chain")] = 18.0 * 1.3  # 1.3x FlashMLA: over the 1.25 floor
+    for c in micro.cases:
+        t[(c.name, "ours-sm120", "tree")] = 30.0
+    ts = by_name(evaluate(("flashmla", "sm120_seed", "sm120_hopper"), micro.cases, table(t), {}, H200))
+    fm = ts["flashmla"]
+    assert fm.status == "fail" and fm.worst_case == nohint[0]
+    assert set(nohint) <= {r["case"] for r in fm.rows}
+    assert not set(nohint) & {r["case"] for r in ts["sm120_seed"].rows}
+    assert set(nohint) <= {r["case"] for r in ts["sm120_hopper"].rows}
+
+
 def test_extend_50x_ignores_prefixes_below_23k():
     cases = [Case(1, 16, 8, 4096), Case(1, 16, 8, 23000)]
     t = good(cases)

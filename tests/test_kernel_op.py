@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -113,8 +115,9 @@ def test_choose_num_splits_fills_whole_waves():
     assert choose_num_splits(1, 16, 8, 132, 64) == 66
     # N=64 -> 8 row tiles: 16 splits (128 CTAs, one wave), not 17 (136 CTAs, two waves)
     assert choose_num_splits(1, 64, 8, 132, 64) == 16
-    # short prefix: at least 4 key tiles per split
+    # short prefix: ceil((prefix + N) / 128) splits, the device's own rule (csrc/common.cuh split_plan)
     assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=240) == 2
+    assert choose_num_splits(1, 16, 8, 132, 64, max_prefix_len=4096) == 33
     # a big batch fills the GPU on its own
     assert choose_num_splits(16, 8, 128, 132, 64) == 1
     # no drafts still counts one row tile per request (never zero CTAs, never a division by zero)
@@ -122,6 +125,59 @@ def test_choose_num_splits_fills_whole_waves():
     # more SMs than splits allowed: capped at max_splits
     assert choose_num_splits(1, 1, 1, 1000, 64) == 256
     assert choose_num_splits(1, 1, 1, 1000, 64, max_splits=40) == 40
+
+
+SPLIT_PLAN_MAIN = r"""
+#include <cstdio>
+#include "common.cuh"
+int main() {  // "KV num_splits split_keys" per line in, "splits per" per line out
+  int kv, s, k;
+  while (scanf("%d %d %d", &kv, &s, &k) == 3) {
+    const kdtree::SplitPlan sp = kdtree::split_plan(kv, s, k);
+    printf("%d %d\n", sp.splits, sp.per);
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_split_plan_mirror_and_properties(tmp_path):
+    """Issue 16: the split schedule every CTA computes on the device (csrc/common.cuh
+    split_plan, compiled here for the host by nvcc and run on the CPU). For every length
+    and grid: at least one split, at most the grid's num_splits (and 1024), about 128 keys
+    per split at the least, every split non-empty and together covering every key; where
+    the grid is what limits it, each split is exactly as long as the host-only schedule
+    made it (whole 32-key tiles; for the sm90 kernel (128-key steps) whole pairs of
+    64-key blocks, never a padding block but at a request's end). The Python mirror the
+    fast-path test uses agrees with it everywhere."""
+    import shutil
+    import subprocess
+
+    src = tmp_path / "plan.cu"
+    src.write_text(SPLIT_PLAN_MAIN)
+    exe = tmp_path / "plan"
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    subprocess.run([shutil.which("nvcc"), "-std=c++17", "-I", str(csrc), "-o", str(exe), str(src)], check=True,
+                   capture_output=True, text=True)
+    lengths = list(range(0, 700)) + [1000, 1040, 1041, 4096, 4112, 5064, 23016, 65552, 91016, 131200, 2**20,
+                                     2**31 - 256]
+    grids = (1, 2, 3, 7, 16, 33, 64, 66, 132, 256, 1024, 1025, 5000, 65535)
+    cases = [(kv, s, k) for kv in lengths for s in grids for k in (32, 128)]
+    out = subprocess.run([str(exe)], input="".join(f"{kv} {s} {k}\n" for kv, s, k in cases), check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    for (kv, s, k), line in zip(cases, out, strict=True):
+        splits, per = map(int, line.split())
+        where = f"KV={kv} num_splits={s} split_keys={k}: splits={splits} per={per}"
+        assert (splits, per) == _split_plan(kv, s, k), where
+        assert 1 <= splits <= min(s, 1024) and splits <= max(1, -(-kv // 128)), where
+        assert (splits - 1) * per * k < max(kv, 1) <= splits * per * k, where  # non-empty, all covered
+        if s == 1:
+            assert splits == 1, where
+        if s <= 1024 and -(-kv // 128) >= s:  # the grid limits it: the old schedule's split length
+            blocks = -(-kv // (64 if k == 128 else 32))
+            old = -(-blocks // s)
+            assert per * k == (-(-old // 2) * 128 if k == 128 else old * 32), where
 
 
 def test_qo_indptr_of_the_wrong_length_is_named():
@@ -168,6 +224,96 @@ def test_kernel_matches_reference_small(tree):
     assert d.passed, d
 
 
+def _target_or_skip(target: str) -> None:
+    from kdtree_engine.oracle.gate import default_targets
+
+    if target not in default_targets(torch.cuda.current_device()):
+        pytest.skip(f"target {target} does not run on this GPU")
+
+
+#: (prefix lengths, drafts per request, heads): far shorter than 64 splits need
+SPLIT_CASES = [
+    ([300], [16], 8),
+    ([1000], [16], 8),
+    ([300], [1], 8),
+    ([1000], [64], 8),
+    ([0, 100, 5000], [1, 7, 64], 8),
+    ([0, 100, 5000], [16, 16, 16], 16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+@pytest.mark.parametrize("return_lse", [False, True], ids=["out", "out+lse"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "L" + "-".join(map(str, c[0])) + "-N" +
+                         "-".join(map(str, c[1])) + f"-H{c[2]}")
+def test_splits_far_above_what_the_lengths_need(target, return_lse, case):
+    """Issue 16: with num_splits forced to 64 (as the GPU-filling grid under graph capture,
+    where no host hint exists), each request takes only the splits its length needs
+    (csrc/common.cuh split_plan): the other CTAs write nothing, a request of one split
+    (prefix 0 and 100 here) writes its output directly, the combine merges only a row's
+    own splits. The workspace past its header is all 0xFF bytes (NaN as fp32), so a
+    partial that some split did not write but the combine read shows up as NaN."""
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    lens, ns, H = case
+    b = workloads.make_batch(lens, ns, H, seed=sum(lens) + len(ns), device="cuda")
+    lib = library.load()
+    T = b.q.shape[0]
+    ws = torch.full((lib.workspace_bytes(T * H, 64),), 0xFF, dtype=torch.uint8, device="cuda")
+    ws[: op.WS_HEADER].zero_()
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = op.verify_attention(*b.kernel_args(), out=out, num_splits=64, workspace=ws, return_lse=return_lse,
+                              target=target)
+    lse = got[1] if return_lse else None
+    ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
+    d = compare.compare(out, ref, lse, ref_lse if return_lse else None)
+    assert d.passed, d
+    assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
+    """Issue 16, as SGLang runs verify: one capture with no host hint (the grid takes the
+    GPU-filling split count), then replays with other lengths written into the same
+    buffers on the device. Every replay matches the reference: the short ones take few
+    splits (a request of prefix 0 or 100 one, written without the combine), and a replay
+    after a longer one never reads the partials its unused splits left in the workspace."""
+    from kdtree_engine.graph.capture import Capacity, VerifyGraph, capture_graph
+    from kdtree_engine.graph.gate import _step
+
+    _target_or_skip(target)
+    heads, n, max_bs, max_prefix = 8, 16, 2, 6000
+    sm_scale = workloads.DEEPSEEK_SM_SCALE
+    cap = Capacity(max_bs=max_bs, max_n=n, max_prefix_tokens=max_bs * max_prefix + max_bs, num_heads=heads,
+                   max_prefix_len=max_prefix)
+    gen = torch.Generator().manual_seed(4)
+    pool = torch.randn((cap.max_prefix_tokens + 1, 1, 576), generator=gen).to(torch.bfloat16).to("cuda")
+    vg = VerifyGraph(pool, cap, sm_scale)
+
+    def call() -> None:  # no max_prefix_len and no prefix_lens_cpu: what the plugin passes under capture
+        op.verify_attention(vg.q, vg.k_ext, vg.kv_buffer, vg.qo_indptr, vg.kv_indptr, vg.kv_indices, vg.custom_mask,
+                            vg.mask_indptr, sm_scale, n, out=vg.out, lse=vg.lse, target=target)
+
+    vg.load(_step(pool, [1000, 1000], n, heads, "eagle", 1, sm_scale))
+    graph, _ = capture_graph(call)
+    for i, lens in enumerate(([1000, 1000], [300], [6000, 4096], [0, 100], [5000, 1], [300, 300], [6000])):
+        b = _step(pool, lens, n, heads, "eagle", 10 + i, sm_scale)
+        vg.load(b)
+        vg.out.fill_(float("nan"))
+        vg.lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        T = b.bs * n
+        ref, ref_lse = reference.verify_attention_ref(*b.ref_args())
+        d = compare.compare(vg.out[:T], ref, vg.lse[:T], ref_lse)
+        assert d.passed, (lens, d)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bad_input_writes_nothing_on_gpu():
@@ -208,21 +354,33 @@ def test_device_error_word_reports_a_bad_slot_until_it_is_read(monkeypatch, num_
     assert compare.compare(out, ref).passed
 
 
+def _split_plan(kv: int, num_splits: int, split_keys: int) -> tuple[int, int]:
+    """csrc/common.cuh split_plan, for the tests' expectations: (splits, steps of
+    split_keys keys per split) of a request of kv keys. test_split_plan_mirror_and_properties
+    checks it against the compiled function."""
+    want = max(1, min(num_splits, 1024, -(-kv // op.SPLIT_MIN_KEYS)))
+    steps = max(1, -(-kv // split_keys))
+    per = -(-steps // want)
+    return -(-steps // per), per
+
+
 def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
     """Blocks of 32 key rows the sm_90a kernel should load through the contiguous fast
-    path: in each split's key blocks (taken in pairs, so a split with an odd number of
-    blocks also loads the next one, which it masks out), every 32-row group of prefix
-    positions whose slots are consecutive, once per 64-row query tile of the request."""
+    path: in each split's key blocks (the device's schedule: whole pairs of 64-key blocks,
+    so only a request's last split can end on an odd block, and the block past it lies
+    past the request's keys), every 32-row group of prefix positions whose slots are
+    consecutive, once per 64-row query tile of the request."""
     kv_indptr, slots = b.kv_indptr.cpu().tolist(), b.kv_indices.cpu().long()
     total = 0
     for r, n in enumerate(b.n_drafts):
         s = slots[kv_indptr[r] : kv_indptr[r + 1]]
         L = s.numel()
         ntiles = -(-(L + n) // 64)
-        per = -(-ntiles // num_splits)
+        splits, per = _split_plan(L + n, num_splits, 128)
         loaded = []
-        for t0 in range(0, ntiles, per):
-            t1 = min(ntiles, t0 + per)
+        for t0 in range(0, 2 * per * splits, 2 * per):
+            t1 = min(ntiles, t0 + 2 * per)
+            assert t0 < t1  # every split of the plan has keys
             loaded += range(t0, t0 + 2 * ((t1 - t0 + 1) // 2))
         groups = [g for t in loaded for g in (2 * t, 2 * t + 1) if 32 * g + 32 <= L]
         runs = sum(bool((s[32 * g : 32 * g + 32] - s[32 * g] == torch.arange(32)).all()) for g in groups)

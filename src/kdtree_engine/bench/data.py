@@ -112,7 +112,8 @@ def build_sets(case: Case, count: int, device: torch.device | str, seed: int = 0
                 q=q, k_ext=k_ext, kv_buffer=pool, qo_indptr=qo, kv_indptr=kv, kv_indices=slots,
                 custom_mask=mk, mask_indptr=mi, sm_scale=float(sm_scale), max_n=n,
                 prefix_lens=[L] * bs, n_drafts=[n] * bs, parents=parents[m],
-                meta={"tree": case.tree if m == "tree" else "chain", "layout": case.layout, "set": i},
+                meta={"tree": case.tree if m == "tree" else "chain", "layout": case.layout, "set": i,
+                      "hint": case.hint},
             )
         sets.append(CaseSet(batches))
     return sets

@@ -12,7 +12,8 @@ host synchronisation of their own, so they can be captured in a CUDA graph
 (a peer that cannot be captured is timed eagerly and the report says so).
 
 - ``ours``: :func:`kdtree_engine.kernel.op.verify_attention` with ``out=``
-  preallocated and the ``max_prefix_len`` host hint.
+  preallocated and the ``max_prefix_len`` host hint (none for a case built with
+  ``hint=False``: ``batch.meta["hint"]``, as the SGLang plugin under graph capture).
 - ``sglang-extend``: SGLang's ``extend_attention_fwd``, called as
   ``TritonAttnBackend.forward_extend`` calls it for TARGET_VERIFY (DESIGN
   section 5): q [T,H,576], k = k_ext [T,1,576], v = k_ext[..., :512], o,
@@ -102,7 +103,7 @@ class Ours(Peer):
 
         out = _nan_out(batch)
         args = batch.kernel_args()
-        hint = max(batch.prefix_lens, default=0)
+        hint = max(batch.prefix_lens, default=0) if batch.meta.get("hint", True) else None
         target = self.target
 
         def run() -> torch.Tensor:

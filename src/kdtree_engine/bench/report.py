@@ -55,7 +55,7 @@ def build(suite: Suite, cases: Sequence[Case], results: Sequence[Result], floors
         "missing": dict(missing),
         "ceilings": ceilings,
         "cases": [{"name": c.name, "series": c.series, "bs": c.bs, "n": c.n, "heads": c.heads, "prefix": c.prefix,
-                   "layout": c.layout, "masks": list(c.masks), "tree": c.tree} for c in cases],
+                   "layout": c.layout, "masks": list(c.masks), "tree": c.tree, "hint": c.hint} for c in cases],
         "floors": floors,
         "results": [r.as_dict() for r in results],
         "targets": [t.as_dict() for t in targets],

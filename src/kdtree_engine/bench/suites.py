@@ -9,7 +9,9 @@ tree (its time does not depend on the mask).
 
 Suites (docs/design.md section 6, issues 4, 7 and 8):
 
-- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1).
+- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1), and
+  bs=1, N=16, H=8 at prefix 1k and 4k called as under CUDA-graph capture, without
+  the host hint (``-nohint``: the device picks the splits, issue 16).
 - ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
 - ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
   contiguous, in runs of 16/64/256 and fully random, prefix 4k..91k: the
@@ -32,7 +34,10 @@ FRAG_LAYOUTS = ("contiguous", "runs256", "runs64", "runs16", "fragmented")
 
 @dataclass(frozen=True)
 class Case:
-    """One verify shape. ``n`` is drafts per request (the T column of docs/design.md section 6)."""
+    """One verify shape. ``n`` is drafts per request (the T column of docs/design.md section 6).
+    ``hint`` False: the owned kernel is called without the ``max_prefix_len`` host hint, as
+    the SGLang plugin calls it under CUDA-graph capture (the grid then takes the GPU-filling
+    split count and the device trims it per request); the peers run as always."""
 
     bs: int
     n: int
@@ -41,6 +46,7 @@ class Case:
     layout: str = "fragmented"
     masks: tuple[str, ...] = MASKS
     tree: str = "eagle"
+    hint: bool = True
 
     def __post_init__(self) -> None:
         for name in ("bs", "n", "heads"):
@@ -55,13 +61,15 @@ class Case:
     @property
     def name(self) -> str:
         base = f"bs{self.bs}-N{self.n}-H{self.heads}-L{self.prefix}"
-        return base if self.layout == "fragmented" else f"{base}-{self.layout}"
+        base = base if self.layout == "fragmented" else f"{base}-{self.layout}"
+        return base if self.hint else f"{base}-nohint"
 
     @property
     def series(self) -> str:
         """The case without its prefix: points of one series differ only in prefix."""
         base = f"bs{self.bs} N{self.n} H{self.heads}"
-        return base if self.layout == "fragmented" else f"{base} {self.layout}"
+        base = base if self.layout == "fragmented" else f"{base} {self.layout}"
+        return base if self.hint else f"{base} nohint"
 
     @property
     def tokens(self) -> int:
@@ -98,6 +106,8 @@ MICRO_SHAPES = (
 LONG_PREFIXES = (23000, 32768, 49152, 65536, 91000)
 FRAG_PREFIXES = (4096, 23000, 65536, 91000)
 GRAPH_PREFIXES = (1024, 65536)
+#: issue 16: bs=1, N=16, H=8 at these prefixes without the host hint (micro suite)
+NOHINT_PREFIXES = (1024, 4096)
 
 #: the shape of the floor-fraction target (issue 4): bs=1, H=8, N=16, prefix 65536
 FLOOR_SHAPE = (1, 16, 8, 65536)
@@ -110,8 +120,10 @@ SM120_SEED_PREFIXES = (23000, 91000)
 SUITES: dict[str, Suite] = {
     "micro": Suite(
         "micro",
-        "Phase 1: the docs/design.md section 6 shapes, tree and chain, every peer",
-        tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES),
+        "Phase 1: the docs/design.md section 6 shapes, tree and chain, every peer "
+        "(and bs1 N16 H8 1k, 4k without the host hint)",
+        tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES)
+        + tuple(Case(1, 16, 8, L, hint=False) for L in NOHINT_PREFIXES),
         SYSTEMS,
         ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction", "sm120_seed", "sm120_hopper", "sm120_splitkv"),
         budget_s=360.0,

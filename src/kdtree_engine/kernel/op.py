@@ -35,6 +35,8 @@ MAX_DRAFTS = 128
 OP_NAME = "kdtree::verify_attention"
 #: bytes of workspace header (csrc/common.cuh WS_HEADER): zero when a workspace is first used
 WS_HEADER = 256
+#: a request of K keys takes ceil(K / SPLIT_MIN_KEYS) splits at most (csrc/common.cuh, the device's rule)
+SPLIT_MIN_KEYS = 128
 
 
 class VerifyArgumentError(ValueError):
@@ -272,20 +274,26 @@ def choose_num_splits(
     bs: int, max_n: int, num_heads: int, sm_count: int, block_rows: int, max_prefix_len: int | None = None,
     max_splits: int = 256,
 ) -> int:
-    """Split the key range so that one whole wave of CTAs fills the GPU.
+    """The grid's split count: the most splits any request of the call may take.
 
     One CTA runs per SM (its shared memory is ~156 KB), so a call takes
     ceil(ctas * splits / sm_count) waves: 17 splits of 8 row tiles (136 CTAs on
     132 SMs) would take two waves where 16 take one. So: as many splits as fit
-    in one wave, none when the batch alone fills the GPU. ``max_prefix_len`` (a
-    host-side hint, e.g. SGLang's seq_lens_cpu) keeps at least 4 key tiles (128
-    keys) per split, where more splits would only add combine traffic.
+    in one wave, none when the batch alone fills the GPU.
+
+    The device trims this per request (csrc/common.cuh ``split_plan``, issue 16):
+    each request takes ceil((prefix + N) / 128) splits at most, every one non-empty,
+    from the lengths it reads; the CTAs of the splits it does not need exit at once
+    and a request of one split skips the combine. So under CUDA-graph capture,
+    where no hint exists, a short replayed prefix costs no empty splits.
+    ``max_prefix_len`` (a host-side hint, e.g. SGLang's seq_lens_cpu) applies the
+    same rule to the longest request on the host, which only shrinks the grid.
     """
     row_tiles = max(1, -(-max_n * num_heads // block_rows))
     ctas = max(1, bs * row_tiles)
     splits = max(1, sm_count // ctas)
     if max_prefix_len is not None:
-        splits = min(splits, max(1, -(-(max_prefix_len + max_n) // 32) // 4))
+        splits = min(splits, max(1, -(-(max_prefix_len + max_n) // SPLIT_MIN_KEYS)))
     return max(1, min(splits, max_splits))
 
 
@@ -504,13 +512,14 @@ def verify_attention(
     max_n: the most drafts any request has (a Python int).
 
     Returns out [T, H, 512] bf16 (and lse [T, H] fp32, natural log, with
-    ``return_lse``). ``num_splits`` overrides the split-KV heuristic;
-    ``max_prefix_len`` and ``prefix_lens_cpu`` are host-side hints that tune
-    it and enable more checks. ``workspace`` (uint8 CUDA tensor) replaces the
-    cached one of the current (device, stream); its first 256 bytes must be zero
-    when it is first used. ``target``: ``"native"`` or ``"sm_120"`` (what an sm_120
-    GPU runs, under its limits, on a GPU of compute capability >= 9.0); None reads
-    ``KDTREE_TARGET``.
+    ``return_lse``). ``num_splits`` overrides the split-KV heuristic's grid (the
+    most splits a request may take; each takes no more than its length needs,
+    :func:`choose_num_splits`); ``max_prefix_len`` and ``prefix_lens_cpu`` are
+    host-side hints that shrink it and enable more checks. ``workspace`` (uint8
+    CUDA tensor) replaces the cached one of the current (device, stream); its first
+    256 bytes must be zero when it is first used. ``target``: ``"native"`` or
+    ``"sm_120"`` (what an sm_120 GPU runs, under its limits, on a GPU of compute
+    capability >= 9.0); None reads ``KDTREE_TARGET``.
 
     Under ``torch.compile`` the call is one opaque op (``kdtree::verify_attention``)
     whose fake implementation runs the same checks; the library is consulted

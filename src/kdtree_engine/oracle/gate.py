@@ -10,7 +10,7 @@ covers prefix lengths {0, 1, 63, 64, 65, 4095, 23000, 65536, 131072}, N {1, 2,
 7, 16, 64, 128}, H {1, 8, 16, 64, 128}, bs {1, 3, 32}, ragged N (a request
 with none too), every tree shape, bool and uint8 masks, contiguous /
 fragmented / run layouts, int32 and int64 slot ids, several sm_scale values,
-forced split counts (combine path, empty splits), strided q / out and int64
+forced split counts (combine path, unneeded splits), strided q / out and int64
 indptrs. The matrix runs once per target (``--targets``): natively, and in the
 sm_120 emulation (``target="sm_120"``: the kernel and tile an RTX PRO 6000
 Blackwell runs, under its limits) on any GPU of compute capability >= 9.0 that is
@@ -88,6 +88,16 @@ def cases() -> list[Case]:
     for s in (1, 2, 3, 17, 64, 200):
         cs.append(Case("splits", f"splits{s}", [4095], [16], 8, num_splits=s))
     cs.append(Case("splits", "prefix0-splits8", [0], [16], 8, num_splits=8))
+    # issue 16: a grid of 64 splits over prefixes that need few (the device takes what each
+    # request's length needs; one split writes the output without the combine)
+    cs += [
+        Case("splits", "splits64-L300", [300], [16], 8, num_splits=64),
+        Case("splits", "splits64-L300-N1", [300], [1], 8, num_splits=64),
+        Case("splits", "splits64-L1000", [1000], [16], 8, num_splits=64),
+        Case("splits", "splits64-L1000-N64", [1000], [64], 8, num_splits=64),
+        Case("splits", "splits64-bs3-L0-100-5000", [0, 100, 5000], [1, 16, 64], 8, ["eagle", "chain", "star"],
+             num_splits=64),
+    ]
     # running maxima that move late: the kernel re-agrees a row's maximum only when it jumps
     cs += [
         Case("rescale", "ramp-L23000", [23000], [16], 8, keys="ramp"),
