@@ -8,8 +8,9 @@
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
 # steps: ab-native ab-old sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
-#        first-look first-look-mma sanitize integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
-# env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL
+#        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
+# env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
+#        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 set -uo pipefail
 commit=$1; shift
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
@@ -47,6 +48,47 @@ for step in "$@"; do
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
     sanitize) timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_case.py;
               timeout 240 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_case.py ;;
+    racecheck) # issue 16 (docs/kernel-notes.md, "Issue 16: racecheck and the hand-off of the row maxima"):
+               # tools/racecheck_min.cu, the sm90 kernel's hand-off of the row maxima alone, built here with nvcc
+               # (else RACECHECK_BIN, default build/lib/racecheck_min: built on the CPU machine and carried), each
+               # variant run plainly and under racecheck; then the real kernel, one process per case of
+               # tools/sanitize_case.py (RACECHECK_CASES), for each library in RACECHECK_LIBS (default build/lib).
+               # Full reports: /tmp/bench/racecheck-*.txt; here a few lines per run (tools/racecheck_summary.py)
+               RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
+               compute-sanitizer --version | tail -1; nvcc --version | tail -1
+               rb=/tmp/racecheck_min
+               nvcc -O2 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $rb tools/racecheck_min.cu \
+                 || { rb=$PWD/${RACECHECK_BIN:-build/lib/racecheck_min}; echo "racecheck: no nvcc build here, using $rb"; }
+               echo "racecheck_min.cu access lines: $(grep -n '// \[[A-Z]' tools/racecheck_min.cu | sed -E 's/^([0-9]+):.*(\[[A-Z0-9]+\]).*/\2 \1/' | sort -u | tr '\n' ' ')"
+               for v in "kernel|--env kernel" "kernel-1iter|--env kernel --iters 1" "bare|--env none" \
+                        "bare-order-kernel|--order kernel" "bare-order-mirror|--order mirror" \
+                        "bare-writer-first|--order writer-first" "bare-reader-first|--order reader-first" \
+                        "bare-256|--threads 256" "env-mbar|--env mbar" "env-wgmma|--env wgmma" "env-fence|--env fence" \
+                        "kernel-order-kernel|--env kernel --order kernel" "kernel-order-mirror|--env kernel --order mirror" \
+                        "fix-arrive-imm|--env kernel --handoff arrive-imm" "fix-sync|--env kernel --handoff sync" \
+                        "fix-mbar|--env kernel --handoff mbar" "broken-raw|--env kernel --broken raw" \
+                        "broken-war|--env kernel --broken war"; do
+                 n=${v%%|*}; o=${v#*|}; f=/tmp/bench/racecheck-min-$n.txt
+                 timeout -k 5 60 $rb $o > /tmp/bench/racecheck-plain-$n.txt 2>&1; p=$?
+                 timeout -k 5 180 $RC $rb $o > $f 2>&1; q=$?
+                 echo "--- $n ($o): plain rc=$p $(grep -ho 'mismatches [0-9]*, spin timeouts [0-9]*' /tmp/bench/racecheck-plain-$n.txt);" \
+                      "racecheck rc=$q $(grep -ho 'mismatches [0-9]*, spin timeouts [0-9]*' $f)"
+                 python3 tools/racecheck_summary.py $f | tail -n +2
+               done
+               if compute-sanitizer --help 2>&1 | grep -q racecheck-trace-sync; then  # the order racecheck saw the barriers in
+                 f=/tmp/bench/racecheck-min-trace.txt
+                 timeout -k 5 120 $RC --racecheck-trace-sync yes $rb --env kernel --iters 2 --blocks 1 > $f 2>&1
+                 echo "--- trace (--env kernel --iters 2 --blocks 1, --racecheck-trace-sync yes): rc=$?, first events:"
+                 grep -h "called by" $f | sed -E 's/^=+ *//; s/ \(active mask[^)]*\)//; s/ at .* in / @ /' | head -48
+               fi
+               for d in ${RACECHECK_LIBS:-build/lib}; do
+                 for c in ${RACECHECK_CASES:-0 1 2 3}; do
+                   f=/tmp/bench/racecheck-kernel-$(basename $d)-case$c.txt
+                   KDTREE_LIB=$PWD/$d/libkdtree_verify.so timeout -k 5 300 $RC python3 tools/sanitize_case.py $c > $f 2>&1
+                   echo "--- kernel $d case $c: rc=$? $(grep -ho 'sanitize_case: case.*' $f)"
+                   python3 tools/racecheck_summary.py $f | tail -n +2
+                 done
+               done ;;
     integrate) python3 -m kdtree_engine integrate --out /tmp/integrate;
                mkdir -p /tmp/integrate-logs; cp /tmp/integrate/*/worker.log /tmp/integrate/*/summary.json /tmp/integrate-logs/ 2>/dev/null;
                for m in off on; do cp /tmp/integrate/$m/worker.log /tmp/integrate-logs/worker-$m.log 2>/dev/null; done ;;

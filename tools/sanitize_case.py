@@ -1,17 +1,29 @@
 """A few small kernel calls for compute-sanitizer (memcheck / racecheck).
 
     compute-sanitizer --tool memcheck python3 tools/sanitize_case.py
+    compute-sanitizer --tool racecheck python3 tools/sanitize_case.py 2   (the third case alone)
+
+With case indices (0-3) as arguments, only those cases run, one launch set each and a
+synchronisation after each, so that a report can be told to its case (tools/gpu_session.sh,
+step racecheck, runs one process per case).
 """
+
+import sys
 
 import torch
 
 from kdtree_engine.kernel.op import verify_attention
 from kdtree_engine.oracle import workloads
 
-# the last case's slots are contiguous: the sm_90a kernel loads its full 32-row groups with TMA
-for lens, ns, h, splits, layout in (([70, 0, 33], [7, 3, 16], 8, None, "fragmented"), ([300], [16], 8, 5, "fragmented"),
-                                    ([40], [64], 2, 1, "fragmented"), ([300, 130], [16, 4], 8, 2, "contiguous")):
+# (prefix lengths, drafts per request, heads, splits, layout); the last case's slots are contiguous:
+# the sm_90a kernel loads its full 32-row groups with TMA
+CASES = (([70, 0, 33], [7, 3, 16], 8, None, "fragmented"), ([300], [16], 8, 5, "fragmented"),
+         ([40], [64], 2, 1, "fragmented"), ([300, 130], [16, 4], 8, 2, "contiguous"))
+picked = [int(a) for a in sys.argv[1:]] or range(len(CASES))
+for i in picked:
+    lens, ns, h, splits, layout = CASES[i]
     b = workloads.make_batch(lens, ns, h, tree="eagle", seed=5, device="cuda", layout=layout)
     verify_attention(*b.kernel_args(), num_splits=splits, return_lse=True)
-torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    print(f"sanitize_case: case {i} done (lens {lens}, drafts {ns}, heads {h}, splits {splits}, {layout})")
 print("sanitize_case: done")
