@@ -60,7 +60,8 @@ for step in "$@"; do
                nvcc -O2 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $rb tools/racecheck_min.cu \
                  || { rb=$PWD/${RACECHECK_BIN:-build/lib/racecheck_min}; echo "racecheck: no nvcc build here, using $rb"; }
                echo "racecheck_min.cu access lines: $(grep -n '// \[[A-Z]' tools/racecheck_min.cu | sed -E 's/^([0-9]+):.*(\[[A-Z0-9]+\]).*/\2 \1/' | sort -u | tr '\n' ' ')"
-               for v in "kernel|--env kernel" "kernel-1iter|--env kernel --iters 1" "bare|--env none" \
+               for v in "kernel|--env kernel" "kernel-1iter|--env kernel --iters 1" "kernel-pred2|--env kernel --handoff arrive-pred2" \
+                        "bare|--env none" \
                         "bare-order-kernel|--order kernel" "bare-order-mirror|--order mirror" \
                         "bare-writer-first|--order writer-first" "bare-reader-first|--order reader-first" \
                         "bare-256|--threads 256" "env-mbar|--env mbar" "env-wgmma|--env wgmma" "env-fence|--env fence" \

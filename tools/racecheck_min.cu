@@ -26,6 +26,8 @@
 // Options (defaults first):
 //   --iters 4 --blocks 2 --threads 384|256
 //   --handoff arrive       the kernel's: writer `bar.arrive %0, 256` (id in a register), reader bar.sync 2 / 3
+//             arrive-pred2 the same with warpgroup 1's bar.sync 2 predicated (@p bar.sync, p = wg == 1), the
+//                          form ptxas gives the kernel from a3b8b58 on (0cf4172: a branch around it)
 //             arrive-imm   the same with the ids as immediates (two bar.arrive instructions)
 //             sync         writer `bar.sync %0, 256` too (both sides block)
 //             mbar         two mbarriers (count 128): writer mbarrier.arrive, reader try_wait.parity k & 1
@@ -68,7 +70,7 @@
     }                                                                             \
   } while (0)
 
-enum Handoff { H_ARRIVE = 0, H_ARRIVE_IMM, H_SYNC, H_MBAR };
+enum Handoff { H_ARRIVE = 0, H_ARRIVE_PRED2, H_ARRIVE_IMM, H_SYNC, H_MBAR };
 enum Broken { B_NONE = 0, B_RAW, B_WAR };
 enum EnvBits { E_MBAR = 1, E_WGMMA = 2, E_FENCE = 4 };
 enum Order { O_FREE = 0, O_WRITER_FIRST, O_READER_FIRST };
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(384, 1) handoff_kernel(const Config cfg, int* 
   };
   // the writer's side, one code path for both warpgroups as in the kernel
   auto publish = [&]() {
-    if constexpr (HANDOFF == H_ARRIVE) {
+    if constexpr (HANDOFF == H_ARRIVE || HANDOFF == H_ARRIVE_PRED2) {
       asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + wg) : "memory");
     } else if constexpr (HANDOFF == H_ARRIVE_IMM) {
       if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
@@ -266,15 +268,19 @@ __global__ void __launch_bounds__(384, 1) handoff_kernel(const Config cfg, int* 
     wg_ops(cfg.env);
 
     // warpgroup 1: the maxima after warpgroup 0's block (barrier 2)
+    float m_prev[2] = {0.f, 0.f};
     if (wg == 1) {
-      float m_prev[2] = {0.f, 0.f};
       if (cfg.broken == B_RAW) {
         m_prev[0] = mpub[row0];      // [RAW] read before the barrier
         m_prev[1] = mpub[row0 + 8];  // [RAW]
       }
       wait_turn(2, 1, k);
       count_in(2, 1);
-      take(2, par);
+      if constexpr (HANDOFF != H_ARRIVE_PRED2) take(2, par);
+    }
+    if constexpr (HANDOFF == H_ARRIVE_PRED2)  // executed by both warpgroups, a barrier for warpgroup 1 only
+      asm volatile("{\n.reg .pred p;\nsetp.eq.s32 p, %0, 1;\n@p bar.sync 2, 256;\n}\n" ::"r"(wg) : "memory");
+    if (wg == 1) {
       if (cfg.broken == B_WAR && k + 1 < cfg.iters) {  // until warpgroup 0 wrote k + 1's maxima
         const bool ok = wait_count(c + 4, 4 * (k + 1), cfg.spin_budget);
         if (!ok && lane == 0) atomicAdd(&res->timeouts, 1);
@@ -338,7 +344,7 @@ __global__ void __launch_bounds__(384, 1) handoff_kernel(const Config cfg, int* 
 
 static void usage() {
   fprintf(stderr,
-          "usage: racecheck_min [--iters N] [--blocks N] [--threads 384|256] [--handoff arrive|arrive-imm|sync|mbar]\n"
+          "usage: racecheck_min [--iters N] [--blocks N] [--threads 384|256] [--handoff arrive|arrive-pred2|arrive-imm|sync|mbar]\n"
           "                     [--env none|kernel|mbar,wgmma,fence] [--order free|kernel|mirror|writer-first|reader-first|XY]\n"
           "                     [--broken none|raw|war] [--sleep-ns N]   (the file's header says what each does)\n");
   exit(2);
@@ -372,6 +378,7 @@ int main(int argc, char** argv) {
   }
   if (cfg.iters < 1 || cfg.iters > 100000 || blocks < 1 || blocks > 1024 || (threads != 256 && threads != 384)) usage();
   if (!strcmp(handoff, "arrive")) cfg.handoff = H_ARRIVE;
+  else if (!strcmp(handoff, "arrive-pred2")) cfg.handoff = H_ARRIVE_PRED2;
   else if (!strcmp(handoff, "arrive-imm")) cfg.handoff = H_ARRIVE_IMM;
   else if (!strcmp(handoff, "sync")) cfg.handoff = H_SYNC;
   else if (!strcmp(handoff, "mbar")) cfg.handoff = H_MBAR;
@@ -422,6 +429,7 @@ int main(int argc, char** argv) {
   CK(cudaMemset(res, 0, sizeof(Result)));
   switch (cfg.handoff) {
     case H_ARRIVE: handoff_kernel<H_ARRIVE><<<blocks, threads>>>(cfg, ctl, res); break;
+    case H_ARRIVE_PRED2: handoff_kernel<H_ARRIVE_PRED2><<<blocks, threads>>>(cfg, ctl, res); break;
     case H_ARRIVE_IMM: handoff_kernel<H_ARRIVE_IMM><<<blocks, threads>>>(cfg, ctl, res); break;
     case H_SYNC: handoff_kernel<H_SYNC><<<blocks, threads>>>(cfg, ctl, res); break;
     default: handoff_kernel<H_MBAR><<<blocks, threads>>>(cfg, ctl, res); break;
