@@ -15,11 +15,11 @@
 // - A row's maximum after block b is the lazy update of the one after block
 //   b - 1 (moved only when the block passes it by more than 2^RESCALE_LOG2), so
 //   warpgroup 1's softmax of block 2j + 1 waits for warpgroup 0's of block 2j
-//   (named barrier 2) and warpgroup 0's PV of block 2j + 1 for warpgroup 1's
-//   (named barrier 3). O and the row sums are rescaled whenever the maximum
+//   (mbarrier hand(0)) and warpgroup 0's PV of block 2j + 1 for warpgroup 1's
+//   (hand(1)). O and the row sums are rescaled whenever the maximum
 //   their next P refers to moved (rarely, with the lazy rule).
-//     warpgroup 0: S(2j), softmax, PV_L(2j), [barrier 3] PV_L(2j + 1), S(2j + 2) ...
-//     warpgroup 1: S(2j + 1), [barrier 2] softmax, PV_R(2j), PV_R(2j + 1), ...
+//     warpgroup 0: S(2j), softmax, PV_L(2j), [hand(1)] PV_L(2j + 1), S(2j + 2) ...
+//     warpgroup 1: S(2j + 1), [hand(0)] softmax, PV_R(2j), PV_R(2j + 1), ...
 // - A producer warpgroup gathers key rows (page size 1) with 16-byte cp.async,
 //   eight lanes per 128-byte line, and reloads a buffer piece group by piece
 //   group as its readers finish (chunks 0-3 after warpgroup 0's PV, 4-7 after
@@ -49,8 +49,8 @@ constexpr int CHUNK = 64 * 128;                     // one 64-row x 64-column sw
 constexpr int TILE = 9 * CHUNK;                     // 64 rows x 576 columns
 constexpr int Q_OFF = 0;                            // Q, then key buffer 0 at TILE, buffer 1 at 2 TILE
 constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published maxima, then [2][64] row sums
-constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3]
-constexpr int SMEM = BAR_OFF + 12 * 8 + 1024;       // + slack to align the base to 1024
+constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3], hand[2]
+constexpr int SMEM = BAR_OFF + 14 * 8 + 1024;       // + slack to align the base to 1024
 static_assert(SMEM == tiles::sm90_bytes() && TILE == tiles::SM90_TILE, "tiles.h disagrees with the kernel's layout");
 static_assert(BN == tiles::SM90_BN, "the split schedule's step (Params::split_keys) is two of these blocks");
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
@@ -128,6 +128,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t bars = sbase + BAR_OFF;
   auto full = [&](int buf, int grp) { return bars + 8u * (3 * buf + grp); };
   auto empty = [&](int buf, int grp) { return bars + 48u + 8u * (3 * buf + grp); };
+  // hand(w): warpgroup w's P and maxima of its block of the pair published (128 arrivals a phase;
+  // phase j = pair j). An mbarrier rather than named barriers 2 / 3 (issue 16: racecheck reports
+  // the named-barrier hand-off; the order of events is the same)
+  auto hand = [&](int w) { return bars + 96u + 8u * w; };
 
   pdl_launch_dependents();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(empty(buf, G03), 128);  // warpgroup 0's PV_L
       mbar_init(empty(buf, G47), 128);  // warpgroup 1's PV_R
       mbar_init(empty(buf, G8), 256);   // P: both PVs
+      mbar_init(hand(buf), 128);        // warpgroup buf's maxima and P
     }
     fence_mbar_init();
   }
@@ -360,7 +365,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // the one after block 2j - 1), warpgroup 1 waits for warpgroup 0's block 2j ----
     float m_prev[2];
     if (wg == 1) {
-      asm volatile("bar.sync 2, 256;\n" ::: "memory");  // P0 and the maxima after block 2j published
+      mbar_wait(hand(0), par);  // P0 and the maxima after block 2j published
       m_prev[0] = mpub[row0];
       m_prev[1] = mpub[row0 + 8];
     } else {
@@ -394,7 +399,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mpub[wg * 64 + row0 + 8] = m_new[1];
     }
     fence_proxy_async();  // P written by ordinary stores -> read by wgmma (both warpgroups)
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + wg) : "memory");  // block 2j + wg's P and maxima
+    mbar_arrive(hand(wg));  // block 2j + wg's P and maxima (release: every thread arrives after its stores)
 
     if (wg == 0) {
       // PV_L(2j) with the maxima after block 2j, then PV_L(2j + 1) with those after 2j + 1
@@ -402,7 +407,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       l_run[0] += rs[0];
       l_run[1] += rs[1];
       pv(0, par);
-      asm volatile("bar.sync 3, 256;\n" ::: "memory");  // P1 and the maxima after block 2j + 1
+      mbar_wait(hand(1), par);  // P1 and the maxima after block 2j + 1
       const float m1[2] = {mpub[64 + row0], mpub[64 + row0 + 8]};
       rescale(m1);
       pv(1, par);
