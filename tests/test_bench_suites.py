@@ -29,7 +29,7 @@ def test_micro_is_the_design_table_and_the_nohint_cases():
     assert len(micro.cases) == len(DESIGN_ROWS) + 2
     assert all(c.masks == ("tree", "chain") for c in micro.cases)
     assert micro.systems == suites.SYSTEMS
-    assert "extend_50x" not in micro.targets  # DESIGN: the 50x target is the long-context suite's
+    assert "extend_50x" not in micro.targets  # docs/design.md section 6: the 50x target is the long-context suite's
 
 
 def test_long_context_suite():
@@ -79,7 +79,7 @@ def test_floor_matches_design_table(row):
     bs, n, h, L, design_us = row
     ce = roofline.Ceilings(4.27e12, 790e12)
     got = roofline.floor_us(Case(bs, n, h, L), ce)
-    # DESIGN's memory-bound rows count the KV only; ours adds q, k_ext and out (a few percent)
+    # docs/design.md's memory-bound rows count the KV only; ours adds q, k_ext and out (a few percent)
     assert design_us * 0.99 <= got <= design_us * 1.05
 
 

@@ -15,8 +15,8 @@ host synchronisation of their own, so they can be captured in a CUDA graph
   preallocated and the ``max_prefix_len`` host hint (none for a case built with
   ``hint=False``: ``batch.meta["hint"]``, as the SGLang plugin under graph capture).
 - ``sglang-extend``: SGLang's ``extend_attention_fwd``, called as
-  ``TritonAttnBackend.forward_extend`` calls it for TARGET_VERIFY (DESIGN
-  section 5): q [T,H,576], k = k_ext [T,1,576], v = k_ext[..., :512], o,
+  ``TritonAttnBackend.forward_extend`` calls it for TARGET_VERIFY
+  (docs/design.md section 5): q [T,H,576], k = k_ext [T,1,576], v = k_ext[..., :512], o,
   k_buffer = pool, v_buffer = pool[..., :512], qo_indptr, kv_indptr,
   kv_indices, custom_mask, is_causal=True, mask_indptr, max_len_extend = N,
   k_scale 1.0, v_scale 1.0, sm_scale.
