@@ -7,7 +7,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: ab-native ab-old sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
@@ -108,12 +108,6 @@ for step in "$@"; do
                 KDTREE_LIB=$PWD/$so $T python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
                   --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| [0-9b]|^bench"
               done ;;
-    ab-old) # the same bench (ours, FlashMLA) on a baseline tree carried in build/old (its src/ and lib/,
-            # e.g. `git archive <sha> src csrc`): the code before a change, timed on the same GPU
-            [ -d build/old ] || { echo "ab-old: no build/old carried"; exit 2; }
-            PYTHONPATH=/tmp/site:$PWD/build/old/src KDTREE_LIB=$PWD/build/old/lib/libkdtree_verify.so $T python3 -m kdtree_engine bench \
-              --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} --out /tmp/bench/ab-old --budget-s ${BENCH_BUDGET:-150} \
-              --evidence-dir /tmp/ab-ev-old 2>&1 | grep -E "^\| [0-9b]|^bench" ;;
     ab-native) # tools/ab_native.py (CUDA-graph replay, AB_SHAPES or the batched shapes): this tree's build/lib with
                # AB_ENV (e.g. "--env KDTREE_TMA=1 --env KDTREE_TMA=0") in AB_ROUNDS rounds, any AB_LIBS folders, then the baseline tree in build/old
                A="python3 tools/ab_native.py --json /tmp/bench/ab-native.jsonl ${AB_SHAPES:+--shapes $AB_SHAPES}"

@@ -131,16 +131,12 @@ _SERIAL_RE = re.compile(r"\(C7514\).*function '(\w+)'")
 
 
 def _short(name: str) -> str:
-    """Mangled kernel name -> a readable one (combine_wide_kernel<4>, verify_attn_kernel_sm90<1,0>,
-    combine_narrow_kernel): its integer and bool template arguments, in order."""
+    """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_wide_kernel)."""
     m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
-                  r"(I((?:L[ib]n?\d+E)+)E|E|N)", name)
+                  r"(ILi(\d+)EE|E|N)", name)
     if not m:
         return name
-    if not m.group(3):
-        return m.group(1)
-    args = [a.replace("n", "-") for a in re.findall(r"L[ib](n?\d+)E", m.group(3))]
-    return f"{m.group(1)}<{','.join(args)}>"
+    return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)
 
 
 def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
