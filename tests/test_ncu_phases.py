@@ -1,0 +1,63 @@
+"""tools/ncu_phases.py, which cuts the portable kernel's key loop into phases from an
+Nsight Compute source page (docs/kernel-notes.md, session H): landmarks, shares, refusals (CPU)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "tools" / "ncu_phases.py"
+_spec = importlib.util.spec_from_file_location("ncu_phases", _PATH)
+npz = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(npz)
+
+HDR = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait",
+       "stall_short_sb", "stall_wait (Not Issued)"]
+# (source, samples, executed, wait, short_sb): a prologue, then one tile executed 100 times
+PROGRAM = [
+    ("LDC R1, c[0x0][0x28]", 4, 1, 4, 0),
+    ("BAR.SYNC.DEFER_BLOCKING 0x0", 10, 100, 10, 0),  # the tile's __syncthreads
+    ("LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]", 6, 100, 6, 0),
+    ("LDSM.16.M88.2 R8, [R9]", 2, 100, 0, 2),
+    ("HMMA.16816.F32.BF16 R12, R16, R8, R12", 30, 100, 20, 10),
+    ("HMMA.16816.F32.BF16 R12, R20, R8, R12", 10, 100, 10, 0),
+    ("BAR.SYNC.DEFER_BLOCKING 0x1, 0x40", 8, 100, 8, 0),  # the partner exchange
+    ("MUFU.EX2 R3, R3", 10, 100, 10, 0),
+    ("LDSM.16.MT88.4 R24, [R9]", 5, 100, 0, 5),
+    ("HMMA.16816.F32.BF16 R28, R32, R24, R28", 15, 100, 0, 15),
+    ("STG.E.64 desc[UR4][R6.64], R28", 0, 1, 0, 0),
+]
+
+
+def rows(program=PROGRAM):
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["Kernel Name", "verify_attn_kernel_mma_qreg"])
+    w.writerow(HDR)
+    for i, (src, smp, ex, wt, sb) in enumerate(program):
+        w.writerow([hex(i * 16), src, smp, ex, wt, sb, 0])
+    return buf.getvalue()
+
+
+def test_phases_are_cut_at_the_landmarks(tmp_path):
+    f = tmp_path / "page.csv"
+    f.write_text(rows())
+    out = {p["phase"]: p for p in npz.summarize(npz.read(str(f)))}
+    assert out["S"]["hmma_per_warp_tile"] == 2 and out["PV"]["hmma_per_warp_tile"] == 1
+    assert out["S"]["samples_pct"] == pytest.approx(40.0)  # 40 of 100 samples
+    assert out["loop top + loader"]["instr_per_warp_tile"] == pytest.approx(3.0)  # BAR, LDGSTS, LDSM
+    assert out["exchange + softmax"]["instr_per_warp_tile"] == pytest.approx(2.0)
+    assert out["prologue"]["instr_per_warp_tile"] == pytest.approx(0.01)
+    assert out["S"]["stalls"][0] == ("wait", pytest.approx(75.0))  # 30 of 40 (Not Issued columns ignored)
+    assert sum(p["samples_pct"] for p in out.values()) == pytest.approx(100.0)
+
+
+def test_a_page_without_the_landmarks_is_refused(tmp_path):
+    f = tmp_path / "page.csv"
+    f.write_text(rows([s for s in PROGRAM if "MT88" not in s[0]]))
+    with pytest.raises(ValueError, match="landmarks"):
+        npz.summarize(npz.read(str(f)))

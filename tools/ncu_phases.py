@@ -1,0 +1,100 @@
+"""Where the portable kernel's warps spend a key tile, from an Nsight Compute source page.
+
+    python3 tools/ncu_phases.py ncu-1-64-8-23000-sass.csv [more.csv ...]
+
+Input: ``ncu --import R.ncu-rep --page source --csv --print-source sass`` of
+``verify_attn_kernel_mma_qreg`` (the ``ncu-stalls`` step of tools/gpu_session.sh writes it).
+The key loop is cut into phases by its landmarks: the tile's ``__syncthreads``
+(``BAR.SYNC ... 0x0`` executed once per tile), the S products (HMMAs before the first
+transposed ldmatrix), and the PV products (from the first ``LDSM...MT88`` to the last
+HMMA). For each phase: its share of the warp-state samples, its instructions executed per
+warp and tile, and its top stall reasons. docs/kernel-notes.md (session H) reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from collections import Counter
+
+PHASES = ("prologue", "loop top + loader", "S", "exchange + softmax", "PV", "epilogue")
+
+
+def opcode(src: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", src.strip()).split(" ")[0]
+
+
+def phases(rows: list[dict]) -> dict[str, tuple[int, int]]:
+    """Index ranges [lo, hi] of each phase in the instruction list."""
+    ex = [int(r["Instructions Executed"] or 0) for r in rows]
+    src = [r["Source"] for r in rows]
+    peak = max(ex) if ex else 0
+    if not peak:
+        raise ValueError("no executed instructions in the source page")
+
+    def hot(i: int) -> bool:
+        return ex[i] >= peak // 2
+
+    top = next((i for i, s in enumerate(src) if "BAR.SYNC" in s and s.strip().endswith("0x0") and hot(i)), None)
+    mt = [i for i, s in enumerate(src) if "MT88" in s and hot(i)]
+    if top is None or not mt:
+        raise ValueError("landmarks not found: is this verify_attn_kernel_mma_qreg's SASS page?")
+    hm = [i for i, s in enumerate(src) if "HMMA" in s and hot(i)]
+    s_h = [i for i in hm if top < i < mt[0]]
+    pv_h = [i for i in hm if i > mt[0]]
+    if not s_h or not pv_h:
+        raise ValueError("no S or PV products between the landmarks")
+    s0, s1, p0, p1 = s_h[0], s_h[-1], mt[0], pv_h[-1]
+    return {"prologue": (0, top - 1), "loop top + loader": (top, s0 - 1), "S": (s0, s1),
+            "exchange + softmax": (s1 + 1, p0 - 1), "PV": (p0, p1), "epilogue": (p1 + 1, len(rows) - 1)}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    ranges = phases(rows)
+    stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
+    total = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
+    per_tile = max(int(r["Instructions Executed"] or 0) for r in rows)
+    out = []
+    for name in PHASES:
+        lo, hi = ranges[name]
+        seg = rows[lo:hi + 1]
+        samples = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in seg)
+        stalls = Counter()
+        for r in seg:
+            for c in stall_cols:
+                stalls[c[len("stall_"):]] += float(r[c] or 0)
+        st = sum(stalls.values()) or 1.0
+        ops = Counter()
+        for r in seg:
+            ops[opcode(r["Source"]).split(".")[0]] += int(r["Instructions Executed"] or 0)
+        out.append({"phase": name, "samples_pct": 100.0 * samples / total,
+                    "instr_per_warp_tile": sum(ops.values()) / per_tile,
+                    "hmma_per_warp_tile": ops["HMMA"] / per_tile,
+                    "stalls": [(k, 100.0 * v / st) for k, v in stalls.most_common(3) if v]})
+    return out
+
+
+def read(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        lines = list(csv.reader(f))
+    hdr = next(i for i, r in enumerate(lines) if r and r[0] == "Address")  # a kernel-name line may precede it
+    return [dict(zip(lines[hdr], r, strict=True)) for r in lines[hdr + 1:] if r]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv", nargs="+")
+    args = ap.parse_args()
+    for path in args.csv:
+        print(f"--- {path}")
+        print("| phase | samples % | instructions per warp and tile | HMMA | top stalls (% of the phase's samples) |")
+        print("|---|---|---|---|---|")
+        for p in summarize(read(path)):
+            st = ", ".join(f"{k} {v:.0f}" for k, v in p["stalls"])
+            print(f"| {p['phase']} | {p['samples_pct']:.1f} | {p['instr_per_warp_tile']:.0f} | "
+                  f"{p['hmma_per_warp_tile']:.0f} | {st} |")
+
+
+if __name__ == "__main__":
+    main()
