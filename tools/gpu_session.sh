@@ -142,6 +142,8 @@ for step in "$@"; do
            ncu --import /tmp/bench/$n.ncu-rep --page source --csv --print-source sass > /tmp/bench/$n-sass.csv 2>/tmp/bench/$n-sass.err
            ncu --import /tmp/bench/$n.ncu-rep --page details > /tmp/bench/$n.txt
            grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy" /tmp/bench/$n.txt
+           # the portable kernel's key loop cut into phases (docs/kernel-notes.md, session H)
+           case ${NCU_KERNEL:-} in *mma_qreg*) python3 tools/ncu_phases.py /tmp/bench/$n-sass.csv | tee /tmp/bench/$n-phases.md ;; esac
            rm -f /tmp/bench/$n.ncu-rep
          done ;;
     ncu-flashmla) # FlashMLA's kernels on the same shapes (reference: durations, tensor pipe, stalls)
