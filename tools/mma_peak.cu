@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <type_traits>
+
 constexpr int ITERS = 4096;  // loop trips per launch
 
 // ACC: independent accumulator chains per warp (the latency hiding within a warp)
@@ -42,7 +44,10 @@ int main() {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  auto run = [&](auto kernel, int acc, int wpb) {
+  // acc_c: std::integral_constant<int, chains>, so that the chain count is the kernel's own
+  auto run = [&](auto acc_c, int wpb) {
+    constexpr int acc = decltype(acc_c)::value;
+    const auto kernel = mma_loop<acc>;
     const int blocks = prop.multiProcessorCount;  // one block per SM
     kernel<<<blocks, wpb * 32>>>(sink, 1u);       // warm-up (clocks up)
     cudaEventRecord(e0);
@@ -58,10 +63,10 @@ int main() {
            wpb, acc, flops / (ms * 1e-3) / 1e12, per_sm_clk);
   };
   for (int wpb : {4, 8, 16, 32}) {
-    run(mma_loop<1>, 1, wpb);
-    run(mma_loop<2>, 2, wpb);
-    run(mma_loop<4>, 4, wpb);
-    run(mma_loop<8>, 8, wpb);
+    run(std::integral_constant<int, 1>{}, wpb);
+    run(std::integral_constant<int, 2>{}, wpb);
+    run(std::integral_constant<int, 4>{}, wpb);
+    run(std::integral_constant<int, 8>{}, wpb);
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
