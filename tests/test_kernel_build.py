@@ -97,3 +97,33 @@ def test_an_sm120_tile_over_sm120s_limits_fails_the_build_gate(monkeypatch):
     assert any("spills on sm_120" in p for p in problems)
     _, problems = _fit(monkeypatch, emu_tile=1)
     assert any("emulation on an H200 chooses otherwise" in p for p in problems)
+
+
+def test_a_cached_build_counts_sass_it_could_not_count_before(tmp_path, monkeypatch):
+    """A stamp written where cuobjdump was missing holds no SASS counts; an unchanged tree
+    built again where cuobjdump is present counts them (and keeps them), instead of
+    reporting "SASS not counted" until the stamp is deleted."""
+    import json
+
+    from kdtree_engine.kernel import build as B
+
+    monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
+    archs = B.parse_archs(None)
+    flags = B.BASE_FLAGS + [B.gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+    root = B.evidence.repo_root()
+    (tmp_path / B.LIB_NAME).write_bytes(b"lib")
+    stamp_file = tmp_path / (B.LIB_NAME + ".stamp.json")
+    stamp_file.write_text(json.dumps({"stamp": B._stamp(root, flags, "13.0"), "kernels": {}, "sass": {}, "log": ""}))
+    counted = {a: {"HMMA": 1} for a in archs}
+
+    def no_compile(*a, **k):
+        raise AssertionError("an unchanged tree must not be compiled again")
+
+    monkeypatch.setattr(B.subprocess, "run", no_compile)
+    monkeypatch.setattr(B, "sass_counts", lambda lib, archs: {})
+    assert B.build(out_dir=tmp_path).sass == {}  # still no cuobjdump: still not counted
+    monkeypatch.setattr(B, "sass_counts", lambda lib, archs: counted)
+    res = B.build(out_dir=tmp_path)
+    assert not res.rebuilt and res.sass == counted
+    assert json.loads(stamp_file.read_text())["sass"] == counted

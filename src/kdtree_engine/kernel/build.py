@@ -219,9 +219,12 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
         except ValueError:
             old = {}
         if old.get("stamp") == stamp:
-            res = BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), old.get("sass", {}),
-                              old.get("log", ""))
-            return res
+            sass = old.get("sass") or {}
+            if not sass:  # counted where cuobjdump was missing: count now if it is here, and keep it
+                sass = sass_counts(lib, archs)
+                if sass:
+                    stamp_file.write_text(json.dumps({**old, "sass": sass}, indent=1))
+            return BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), sass, old.get("log", ""))
     tmp = out_dir / (LIB_NAME + ".tmp")
     cmd = [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(tmp), *map(str, sources(root))]
     r = subprocess.run(cmd, capture_output=True, text=True)
