@@ -7,9 +7,10 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
+#        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS (ab-bench), NCU_NOHINT (ncu-metrics),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 set -uo pipefail
 commit=$1; shift
@@ -120,6 +121,25 @@ for step in "$@"; do
                [ -d build/old ] && PYTHONPATH=/tmp/site:$PWD/build/old/src KDTREE_LIB=$PWD/build/old/lib/libkdtree_verify.so \
                  $T $A --label old
                $T $A --label new-again ;;
+    ab-bench) # tools/ab_bench.py: AB_CASES of AB_SUITE (default micro) on the bench's own inputs, one process per
+              # library of AB_LIBS (default build/lib), AB_ROUNDS rounds; the first library's process also times
+              # AB_FIRST_SYSTEMS (e.g. flashmla) beside AB_SYSTEMS (default ours)
+              first=1
+              for r in $(seq ${AB_ROUNDS:-1}); do for d in ${AB_LIBS:-build/lib}; do
+                sys=${AB_SYSTEMS:-ours}; [ $first = 1 ] && [ -n "${AB_FIRST_SYSTEMS:-}" ] && sys=$sys,$AB_FIRST_SYSTEMS; first=0
+                KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/ab_bench.py --label $(basename $d) --suite ${AB_SUITE:-micro} \
+                  ${AB_CASES:+--cases $AB_CASES} --systems $sys --masks ${AB_MASKS:-tree} --json /tmp/bench/ab-bench.jsonl 2>&1 \
+                  | grep -E "^\| |Error|error|WRONG"
+              done; done ;;
+    ncu-metrics) # per-kernel duration, DRAM bytes and L2 hit rate of one call (the second) for each library of AB_LIBS
+                 # and case of NCU_CASES ("bs,N,H,L ..."; NCU_NOHINT=1: no host prefix hint)
+         for d in ${AB_LIBS:-build/lib}; do for c in ${NCU_CASES:-1,16,8,65536}; do
+           echo "--- $(basename $d) $c"
+           KDTREE_LIB=$PWD/$d/libkdtree_verify.so timeout 120 ncu --clock-control none --csv --metrics \
+             gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+             -k regex:"verify_attn|combine" --launch-skip 2 --launch-count 2 python3 tools/ncu_case.py ${c//,/ } 2>&1 \
+             | grep -E '^"[0-9]' | awk -F'","' '{print $5" | "$(NF-2)" | "$(NF-1)" | "$NF}' | sed 's/"//g'
+         done; done ;;
     nox-oracle) $T python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-op) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py ;;
     gpu-test-serving) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op_serving.py ;;

@@ -1,0 +1,70 @@
+"""A/B timings of chosen bench cases, on the bench's own inputs and timing (one library per process).
+
+    KDTREE_LIB=build/lib/x/libkdtree_verify.so PYTHONPATH=src python3 tools/ab_bench.py \
+        --label x [--suite micro] [--cases NAME,NAME] [--systems ours] [--masks tree] [--json FILE]
+
+Each case is built and timed exactly as `kdtree bench` does it (`gate.run_case`: rotated
+input sets, CUDA-graph replay, output checked against the fp32 reference), but only the
+named cases and systems run, and nothing is recorded as evidence. It is for comparing
+kernel variants side by side in one device call (step `ab-bench` of tools/gpu_session.sh);
+`nox -s bench` stays the measurement of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from kdtree_engine.bench import gate, suites
+from kdtree_engine.bench.data import DEFAULT_L2_BYTES
+from kdtree_engine.bench.peers import PEERS
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--suite", default="micro")
+    ap.add_argument("--cases", default="", help="comma list of case names (default: all of the suite's)")
+    ap.add_argument("--systems", default="ours")
+    ap.add_argument("--masks", default="tree", help="comma list: the masks to time (of each case's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="append one row per timing to this JSON-lines file")
+    args = ap.parse_args()
+
+    import torch
+
+    suite = suites.get_suite(args.suite)
+    names = [c for c in args.cases.split(",") if c]
+    known = {c.name: c for c in suite.cases}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        print(f"--cases: not in suite {suite.name}: {', '.join(unknown)} (have: {', '.join(known)})", file=sys.stderr)
+        return 2
+    systems = tuple(s for s in args.systems.split(",") if s)
+    bad = [s for s in systems if s not in PEERS]
+    if bad:
+        print(f"--systems: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
+        return 2
+    masks = tuple(m for m in args.masks.split(",") if m)
+    peers = {s: PEERS[s] for s in systems}
+    missing = {s: why for s in systems if (why := peers[s].check())}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+    for name in names or list(known):
+        case = dataclasses.replace(known[name], masks=tuple(m for m in known[name].masks if m in masks))
+        out: list = []
+        gate.run_case(case, systems, peers, missing, l2, gate.case_seed(case, args.seed), out)
+        for r in out:
+            us = f"{r.replay_us:8.2f}" if r.replay_us is not None else "     n/a"
+            print(f"| {args.label} | {r.case} | {r.system} | {r.mask} | {us} | {r.status} |", flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({"label": args.label, "case": r.case, "system": r.system, "mask": r.mask,
+                                        "us": r.replay_us, "status": r.status}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
