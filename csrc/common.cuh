@@ -141,6 +141,14 @@ __device__ __forceinline__ void pdl_wait_primary() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// The main kernels' first statements. They are launched as programmatic dependents (launch.h
+// launch_main), so nothing the kernels before them wrote (q, the pool, the indices, the
+// workspace the last combine read) may be touched before griddepcontrol.wait; the combine
+// may launch at once (it waits for this grid in its own griddepcontrol.wait).
+__device__ __forceinline__ void pdl_main_prologue() {
+  pdl_launch_dependents();
+  pdl_wait_primary();
+}
 
 // Sets error bits for this call (sticky until kdtree_read_device_error reads them).
 __device__ __forceinline__ void report_error(int* err, int bits) { atomicOr(err, bits); }

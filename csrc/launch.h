@@ -53,8 +53,10 @@ int allow_smem(K kernel, int bytes, int* allowed_per_device, const char* what) {
 int launch_combine(const Params& p, cudaStream_t stream);
 
 // Launch a main kernel in configuration `cfg` over (row tiles, splits, requests), then the
-// combine. A plain launch: its inputs were written by the kernels before it on the stream,
-// whose memory a programmatic dependent would see only after griddepcontrol.wait.
+// combine. The main kernel is itself a programmatic dependent of the kernel before it on the
+// stream, so that its launch overlaps that kernel's tail (docs/kernel-notes.md, entry I1); its
+// inputs were written by the kernels before it, so its first statement is griddepcontrol.wait
+// (common.cuh pdl_main_prologue), before it reads or writes any memory.
 template <typename K, typename... Args>
 int launch_main(K kernel, int* allowed, const char* what, int block_rows, const Params& p, const KdtreeConfig& cfg,
                 cudaStream_t stream, const Args&... args) {
@@ -62,8 +64,8 @@ int launch_main(K kernel, int* allowed, const char* what, int block_rows, const 
   if (rc != KDTREE_OK) return rc;
   const int row_tiles = (p.max_n * p.H + block_rows - 1) / block_rows;
   const dim3 grid(row_tiles, p.num_splits, p.bs);
-  kernel<<<grid, cfg.threads, cfg.smem_request, stream>>>(args...);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_pdl(kernel, grid, cfg.threads, cfg.smem_request, stream, args...);
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
     return fail(KDTREE_ENOARCH, "no kernel image for this device (library built for %s)", KDTREE_ARCHS);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "verify kernel (%s) launch: %s", what, cudaGetErrorString(e));

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   extern __shared__ __align__(128) unsigned char smem[];
   float4* slab = reinterpret_cast<float4*>(smem + SLAB_OFF);  // [warp][4 n8 tiles][32 lanes]
 
-  pdl_launch_dependents();
+  pdl_main_prologue();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rg = warp & 3, kh = warp >> 2;

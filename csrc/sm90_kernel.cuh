@@ -31,6 +31,9 @@
 //   (32 rows x 64 columns, 128B swizzle, the same layout) per chunk, issued by
 //   lane 0 against the same "full" mbarrier, instead of 32 row gathers. The
 //   count of such blocks goes to the workspace header (kdtree_read_fast_path_boxes).
+// - L2 prefetch: where a request spans several row tiles, row tile 0's producer asks L2
+//   for each gathered row of a buffer's next block as soon as it has issued this one's
+//   copies, a pair before those of the next block may be issued.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -98,6 +101,10 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar) : "memory");
 }
+// ask L2 for `bytes` at src: no shared-memory side, nothing to wait for
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -114,6 +121,17 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// S[64 x 64] += Q K^T over k-steps [K0, K1) of 16 columns (k = 4 chunk + step; the first
+// step of all, k = 0, overwrites the accumulator), issued without a wait
+template <int K0, int K1>
+__device__ __forceinline__ void s_steps(float* s, uint64_t dq0, uint64_t dk0) {
+#pragma unroll
+  for (int k = K0; k < K1; ++k) {
+    const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
+    wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, k > 0);
+  }
+}
 
 // `tmap`: the pool as a [pool_size, 576] bf16 tensor (RUN_ROWS x 64 boxes, 128B swizzle);
 // a producer warp whose 32 rows are one contiguous run of prefix slots copies them with
@@ -133,7 +151,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // the named-barrier hand-off; the order of events is the same)
   auto hand = [&](int w) { return bars + 96u + 8u * w; };
 
-  pdl_launch_dependents();
+  pdl_main_prologue();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
@@ -175,13 +193,19 @@ __global__ void __launch_bounds__(THREADS, 1)
     // with 8 lanes per row (lane & 7: the 16-byte piece of a 128-byte chunk line), so a
     // warp instruction moves four whole 128-byte lines: lane rsub copies rows
     // 4 i + rsub of its warp's 32, their sources taken from the owning lanes by shuffle.
-    setmaxnreg_dec<48>();  // 168 x 384 registers at launch = 48 x 128 (here) + 224 x 256 (math)
+    setmaxnreg_dec<56>();  // 168 x 384 registers at launch = 56 x 128 (here) + 224 x 256 (math); 48 spilled with the prefetch
     const int pt = tid - 256, x = pt >> 6, row = pt & 63;
     const int lane = tid & 31, q = lane & 7, rsub = lane >> 3;
     const uint32_t blk = sbase + (1 + x) * TILE + (pt & 32) * 128 + rsub * 128;
     const uint32_t wbase = sbase + (1 + x) * TILE + (pt & 32) * 128;  // this warp's 32 rows of chunk 0
     int64_t slot = key_slot(p, (w.t_begin + x) * BN + row, w.L, w.kv_lo);
     int boxes = 0;  // blocks this warp loaded through the fast path (warp-uniform)
+    // L2 prefetch of the gathered prefix rows (docs/kernel-notes.md, entries H6 and I2): it hides
+    // the gather's DRAM latency where a request's rows span several row tiles (the roofline's
+    // compute side: each key row feeds >= 128 query rows). A request of one row tile (<= 64 rows,
+    // ~120 FLOP per byte) is below the H200's ridge: its batch streams from DRAM at ~3.3 TB/s,
+    // and the prefetch only adds requests to the queue (bs64 N4 H16 4k +3-4%).
+    const bool prefetch = rt == 0 && w.rows > BM;
     for (int j = 0; j < npairs; ++j) {
       const int tile = w.t_begin + 2 * j + x;
       const int pos = tile * BN + row;
@@ -232,6 +256,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (j > 0) mbar_wait(empty(x, G8), par);
       issue(8, 9);
       cp_async_mbar_arrive(full(x, G8));
+      // this row of the buffer's next block, into L2 a pair before its copies may be issued
+      // (they wait for the readers of this one): by row tile 0 only, and only where the
+      // request has several row tiles (see `prefetch`)
+      if (prefetch && j + 1 < npairs && pos + 2 * BN < w.L && slot >= 0 && slot < p.pool_size)
+        prefetch_l2(p.kv + slot * p.kv_st, ROW_BYTES);
     }
     cp_async_wait_all();
     // the count the tests and gates read back (kdtree_read_fast_path_boxes reads and clears it)
@@ -309,30 +338,18 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < 32; ++i) s[i] = 0.f;
     fence_regs<32>(s);
     // the k-steps of piece groups G03 (chunks 0-3), G47 (4-7) and G8 (8), each as its
-    // pieces land (three explicit loops: written as one loop over the groups, nvcc
-    // keeps it rolled, 12 HGMMA instead of 36)
+    // pieces land (one call per group with constant bounds: written as a loop over the
+    // groups, nvcc keeps it rolled, 12 HGMMA instead of 36)
     mbar_wait(full(wg, G03), par);
     fence_proxy_async();
     wg_arrive();
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
-      wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, k > 0);
-    }
+    s_steps<0, 16>(s, dq0, dk0);
     mbar_wait(full(wg, G47), par);
     fence_proxy_async();
-#pragma unroll
-    for (int k = 16; k < 32; ++k) {
-      const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
-      wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, 1);
-    }
+    s_steps<16, 32>(s, dq0, dk0);
     mbar_wait(full(wg, G8), par);
     fence_proxy_async();
-#pragma unroll
-    for (int k = 32; k < 36; ++k) {
-      const uint64_t off = static_cast<uint64_t>(((k >> 2) * CHUNK + (k & 3) * 32) >> 4);
-      wgmma_m64n64k16_ss(s, dq0 + off, dk0 + off, 1);
-    }
+    s_steps<32, 36>(s, dq0, dk0);
     wg_commit();
     wg_wait0();
     fence_regs<32>(s);

@@ -316,6 +316,34 @@ def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_a_call_sees_what_the_kernel_just_before_it_wrote(target):
+    """The main kernel is launched as a programmatic dependent of the kernel before it
+    (csrc/launch.h), and a main kernel lets its dependents launch at its first statement.
+    So call B, launched right after call A with nothing between them (one split each: no
+    combine), may start while A runs. B's q is A's out (the first 512 columns of one
+    buffer): B matches the reference only if it waits for A (griddepcontrol.wait) before
+    it reads its inputs."""
+    _target_or_skip(target)
+    H, n = 8, 16
+    a = workloads.make_batch([20000], [n], H, seed=21, device="cuda")
+    b = workloads.make_batch([3000], [n], H, seed=22, device="cuda")
+    T = a.q.shape[0]
+    x = torch.zeros((T, H, 576), dtype=torch.bfloat16, device="cuda")  # stale value of B's q: zeros
+    x[..., 512:] = b.q[..., 512:]
+    out_b = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    op.verify_attention(*a.kernel_args(), out=x[..., :512], num_splits=1, target=target)
+    op.verify_attention(x, *b.kernel_args()[1:], out=out_b, num_splits=1, target=target)
+    torch.cuda.synchronize()
+    ref_a, _ = reference.verify_attention_ref(*a.ref_args())
+    assert compare.compare(x[..., :512], ref_a).passed  # A wrote its output into B's q
+    ref_b, _ = reference.verify_attention_ref(x.clone(), *b.ref_args()[1:])
+    d = compare.compare(out_b, ref_b)
+    assert d.passed, d  # B read that q, not the zeros before it
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bad_input_writes_nothing_on_gpu():
     b = workloads.make_batch([70], [7], 8, seed=3, device="cuda")
     out = torch.full((7, 8, 512), 7.0, dtype=torch.bfloat16, device="cuda")
