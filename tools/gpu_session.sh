@@ -139,7 +139,7 @@ for step in "$@"; do
              gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
              -k regex:"verify_attn|combine" --launch-skip 2 --launch-count 2 python3 tools/ncu_case.py ${c//,/ } 2>&1 \
              | grep -E '^"[0-9]' | awk -F'","' '{print $5" | "$(NF-2)" | "$(NF-1)" | "$NF}' | sed 's/"//g'
-         done; done ;;
+         done; done 2>&1 | tee -a /tmp/bench/ncu-metrics.txt ;;
     nox-oracle) $T python3 -m nox --no-venv -s oracle -- --groups edge,splits ;;
     gpu-test-op) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op.py ;;
     gpu-test-serving) $T python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_op_serving.py ;;
