@@ -7,7 +7,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: racecheck-kernel ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS (ab-bench), NCU_NOHINT (ncu-metrics),
@@ -87,8 +87,11 @@ for step in "$@"; do
                  echo "--- trace (--env kernel --iters 2 --blocks 1, --racecheck-trace-sync yes): rc=$?, first events:"
                  grep -h "called by" $f | sed -E 's/^=+ *//; s/ \(active mask[^)]*\)//; s/ at .* in / @ /' | head -48
                fi
+               ;&
+    racecheck-kernel) # the real kernel only: the last part of `racecheck`
+               RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
                for d in ${RACECHECK_LIBS:-build/lib}; do
-                 for c in ${RACECHECK_CASES:-0 1 2 3}; do
+                 for c in ${RACECHECK_CASES:-0 1 2 3 4}; do
                    f=/tmp/bench/racecheck-kernel-$(basename $d)-case$c.txt
                    KDTREE_LIB=$PWD/$d/libkdtree_verify.so timeout -k 5 300 $RC python3 tools/sanitize_case.py $c > $f 2>&1
                    echo "--- kernel $d case $c: rc=$? $(grep -ho 'sanitize_case: case.*' $f)"
