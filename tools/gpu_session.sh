@@ -7,7 +7,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: racecheck-kernel ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
+# steps: tma-row-probe racecheck-kernel ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS (ab-bench), NCU_NOHINT (ncu-metrics),
@@ -48,6 +48,10 @@ for step in "$@"; do
               # built on the CPU machine, else nvcc here)
               mp=build/lib/mma_peak; [ -x $mp ] || { mp=/tmp/mma_peak; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $mp tools/mma_peak.cu; }
               $mp | tee /tmp/bench/mma-peak.txt ;;
+    tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
+                   # (tools/tma_row_probe.cu; carried build/lib/tma_row_probe built on the CPU machine, else nvcc here)
+              tp=build/lib/tma_row_probe; [ -x $tp ] || { tp=/tmp/tma_row_probe; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $tp tools/tma_row_probe.cu; }
+              timeout 120 $tp | tee /tmp/bench/tma-row-probe.txt ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
