@@ -46,3 +46,26 @@ def test_usage_lists_the_variables_it_reads():
 def test_script_parses():
     r = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def _ab_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ab_bench", SCRIPT.parent / "ab_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--cases", "bs1-N16-H8-L4096,no-such-case"], "--cases: not in suite micro: no-such-case"),
+    (["--systems", "ours,nope"], "--systems: unknown nope"),
+])
+def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monkeypatch, capsys, argv, named):
+    """tools/ab_bench.py names what it does not know and exits 2, before any CUDA call
+    (these run on the CPU machine, where a CUDA call would raise)."""
+    pytest.importorskip("torch")
+    mod = _ab_bench()
+    monkeypatch.setattr("sys.argv", ["ab_bench.py", "--label", "x", *argv])
+    assert mod.main() == 2
+    assert named in capsys.readouterr().err
