@@ -130,7 +130,8 @@ for step in "$@"; do
                $T $A --label new-again ;;
     ab-bench) # tools/ab_bench.py: AB_CASES of AB_SUITE (default micro) on the bench's own inputs, one process per
               # library of AB_LIBS (default build/lib), AB_ROUNDS rounds; the first library's process also times
-              # AB_FIRST_SYSTEMS (e.g. flashmla) beside AB_SYSTEMS (default ours)
+              # AB_FIRST_SYSTEMS (e.g. flashmla) beside AB_SYSTEMS (default ours); AB_MASKS (default tree: FlashMLA
+              # runs chains only, so AB_MASKS=chain or tree,chain to time it)
               first=1
               for r in $(seq ${AB_ROUNDS:-1}); do for d in ${AB_LIBS:-build/lib}; do
                 sys=${AB_SYSTEMS:-ours}; [ $first = 1 ] && [ -n "${AB_FIRST_SYSTEMS:-}" ] && sys=$sys,$AB_FIRST_SYSTEMS; first=0
