@@ -22,6 +22,8 @@ python3 -c "from kdtree_engine.kernel import library; l = library.load(); print(
 # STEP_TIMEOUT (s) bounds the oracle and A/B steps: an experimental kernel that hangs
 # costs that much device time, not the whole call
 T="timeout -k 5 ${STEP_TIMEOUT:-1200}"
+# racecheck with every report (the racecheck and racecheck-kernel steps)
+RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
 pack() { tar -czf "${OUT:-/tmp}/results.tgz" -C /tmp ev bench $(cd /tmp && ls -d integrate-logs 2>/dev/null) 2>/dev/null; }
 trap pack EXIT
 for step in "$@"; do
@@ -50,7 +52,7 @@ for step in "$@"; do
               $mp | tee /tmp/bench/mma-peak.txt ;;
     tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
                    # (tools/tma_row_probe.cu; carried build/lib/tma_row_probe built on the CPU machine, else nvcc here)
-              tp=build/lib/tma_row_probe; [ -x $tp ] || { tp=/tmp/tma_row_probe; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $tp tools/tma_row_probe.cu; }
+              tp=build/lib/tma_row_probe; [ -x $tp ] || { tp=/tmp/tma_row_probe; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I csrc -o $tp tools/tma_row_probe.cu; }
               timeout 120 $tp | tee /tmp/bench/tma-row-probe.txt ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
@@ -63,7 +65,6 @@ for step in "$@"; do
                # variant run plainly and under racecheck; then the real kernel, one process per case of
                # tools/sanitize_case.py (RACECHECK_CASES), for each library in RACECHECK_LIBS (default build/lib).
                # Full reports: /tmp/bench/racecheck-*.txt; here a few lines per run (tools/racecheck_summary.py)
-               RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
                compute-sanitizer --version | tail -1; nvcc --version | tail -1
                rb=/tmp/racecheck_min
                nvcc -O2 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $rb tools/racecheck_min.cu \
@@ -93,7 +94,6 @@ for step in "$@"; do
                fi
                ;&
     racecheck-kernel) # the real kernel only: the last part of `racecheck`
-               RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
                for d in ${RACECHECK_LIBS:-build/lib}; do
                  for c in ${RACECHECK_CASES:-0 1 2 3 4}; do
                    f=/tmp/bench/racecheck-kernel-$(basename $d)-case$c.txt

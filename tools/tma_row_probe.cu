@@ -13,7 +13,7 @@
 //    (b) 1-row TMA boxes, 9 per row, issued by one thread per row, completing on one mbarrier.
 //    Reported: microseconds per block and CTA, the exposed latency of one block's gather.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o tma_row_probe tools/tma_row_probe.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I csrc -o tma_row_probe tools/tma_row_probe.cu
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -23,6 +23,8 @@
 #include <stdlib.h>
 
 #include <vector>
+
+#include "sm90_kernel.cuh"
 
 constexpr int D = 576;               // bf16 per row
 constexpr int ROW_BYTES = D * 2;     // 1152
@@ -40,26 +42,16 @@ constexpr int BLOCKS_PER_CTA = 64;
     }                                                                                          \
   } while (0)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred P1;\nW:\nmbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n@P1 bra D;\nbra W;\nD:\n}\n" ::"r"(bar),
-      "r"(parity) : "memory");
-}
-__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
+// the kernel's own wrappers (so the probe exercises exactly the instructions the producer issues):
+// smem_u32, cp_async16 (common.cuh); mbar_init, fence_mbar_init, mbar_arrive_expect_tx, mbar_wait,
+// tma_load_2d (sm90_kernel.cuh)
+using kdtree::cp_async16;
+using kdtree::smem_u32;
+using kdtree::sm90::fence_mbar_init;
+using kdtree::sm90::mbar_arrive_expect_tx;
+using kdtree::sm90::mbar_init;
+using kdtree::sm90::mbar_wait;
+using kdtree::sm90::tma_load_2d;
 
 // 1. eight rows of chunk 0, one box each, to base + 128 r; the 1 KB copied out as it landed
 __global__ void layout_probe(const __grid_constant__ CUtensorMap map, const int* rows, uint16_t* out) {
@@ -68,12 +60,12 @@ __global__ void layout_probe(const __grid_constant__ CUtensorMap map, const int*
   const uint32_t b = smem_u32(&bar);
   if (threadIdx.x == 0) {
     mbar_init(b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    mbar_expect_tx(b, 8 * 128);
-    for (int r = 0; r < 8; ++r) tma_row(smem_u32(buf) + 128 * r, &map, 0, rows[r], b);
+    mbar_arrive_expect_tx(b, 8 * 128);
+    for (int r = 0; r < 8; ++r) tma_load_2d(smem_u32(buf) + 128 * r, &map, 0, rows[r], b);
   }
   mbar_wait(b, 0);
   for (int i = threadIdx.x; i < 512; i += blockDim.x) out[i] = reinterpret_cast<const uint16_t*>(buf)[i];
@@ -91,9 +83,10 @@ __global__ void __launch_bounds__(64) gather_cp_async(const __nv_bfloat16* pool,
       const char* src = reinterpret_cast<const char*>(pool) + static_cast<long long>(s[r]) * ROW_BYTES + q * 16;
       const uint32_t dst = base + r * 128 + ((q ^ (r & 7)) << 4);
 #pragma unroll
-      for (int c = 0; c < 9; ++c) cp_async16(dst + c * CHUNK, src + c * 128);
+      for (int c = 0; c < 9; ++c) cp_async16(dst + c * CHUNK, src + c * 128, true);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    kdtree::cp_async_commit();
+    kdtree::cp_async_wait_all();
     __syncthreads();
   }
   if (t == 0) cycles[blockIdx.x] = clock64() - t0;
@@ -108,16 +101,16 @@ __global__ void __launch_bounds__(64) gather_tma_rows(const __grid_constant__ CU
   const int r = threadIdx.x;
   if (r == 0) {
     mbar_init(b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   const long long t0 = clock64();
   for (int blk = 0; blk < BLOCKS_PER_CTA; ++blk) {
     const int slot = slots[(static_cast<long long>(blockIdx.x) * BLOCKS_PER_CTA + blk) * 64 + r];
-    if (r == 0) mbar_expect_tx(b, BLOCK);
+    if (r == 0) mbar_arrive_expect_tx(b, BLOCK);
     __syncthreads();  // the expected bytes are posted before any box can complete
 #pragma unroll
-    for (int c = 0; c < 9; ++c) tma_row(base + c * CHUNK + r * 128, &map, c * 64, slot, b);
+    for (int c = 0; c < 9; ++c) tma_load_2d(base + c * CHUNK + r * 128, &map, c * 64, slot, b);
     mbar_wait(b, blk & 1);
     __syncthreads();
   }
