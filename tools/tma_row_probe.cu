@@ -9,7 +9,8 @@
 //    where each piece landed, or the launch error when the boxes are refused.
 // 2. Latency: each of 132 CTAs gathers 64 random rows x 9 chunks (73.7 KB, one key block)
 //    from a pool larger than L2, one block at a time (issue, wait, next), with
-//    (a) 16-byte cp.async, 8 lanes per row, 64 threads, as the kernel's producer does, or
+//    (a) 16-byte cp.async, 8 lanes per row, 64 threads, as the kernel's producer does (its
+//    zero-fill form, and the plain form beside it), or
 //    (b) 1-row TMA boxes, 9 per row, issued by one thread per row, completing on one mbarrier.
 //    Reported: microseconds per block and CTA, the exposed latency of one block's gather.
 //
@@ -71,7 +72,10 @@ __global__ void layout_probe(const __grid_constant__ CUtensorMap map, const int*
   for (int i = threadIdx.x; i < 512; i += blockDim.x) out[i] = reinterpret_cast<const uint16_t*>(buf)[i];
 }
 
-// 2a. the producer's gather: 8 lanes per row, 16-byte pieces, 64 threads, swizzled like the kernel
+// 2a. the producer's gather: 8 lanes per row, 16-byte pieces, 64 threads, swizzled like the kernel;
+// PLAIN: `cp.async.cg ... 16` without the source-size operand of the kernel's cp_async16 (its
+// zero-fill form), to time the two forms in one process (entry I8)
+template <bool PLAIN>
 __global__ void __launch_bounds__(64) gather_cp_async(const __nv_bfloat16* pool, const int* slots, long long* cycles) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t base = smem_u32(smem);
@@ -83,7 +87,12 @@ __global__ void __launch_bounds__(64) gather_cp_async(const __nv_bfloat16* pool,
       const char* src = reinterpret_cast<const char*>(pool) + static_cast<long long>(s[r]) * ROW_BYTES + q * 16;
       const uint32_t dst = base + r * 128 + ((q ^ (r & 7)) << 4);
 #pragma unroll
-      for (int c = 0; c < 9; ++c) cp_async16(dst + c * CHUNK, src + c * 128, true);
+      for (int c = 0; c < 9; ++c) {
+        if (PLAIN)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + c * CHUNK), "l"(src + c * 128));
+        else
+          cp_async16(dst + c * CHUNK, src + c * 128, true);
+      }
     }
     kdtree::cp_async_commit();
     kdtree::cp_async_wait_all();
@@ -187,17 +196,20 @@ int main() {
   CK(cudaMalloc(&slots_d, slots.size() * sizeof(int)));
   CK(cudaMalloc(&cyc_d, ctas * sizeof(long long)));
   CK(cudaMemcpy(slots_d, slots.data(), slots.size() * sizeof(int), cudaMemcpyHostToDevice));
-  CK(cudaFuncSetAttribute(gather_cp_async, cudaFuncAttributeMaxDynamicSharedMemorySize, BLOCK + 1024));
+  CK(cudaFuncSetAttribute(gather_cp_async<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, BLOCK + 1024));
+  CK(cudaFuncSetAttribute(gather_cp_async<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, BLOCK + 1024));
   CK(cudaFuncSetAttribute(gather_tma_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, BLOCK + 1024));
   std::vector<long long> cyc(ctas);
   for (int rep = 0; rep < 3; ++rep) {
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < 3; ++v) {
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0);
       cudaEventCreate(&e1);
       CK(cudaMemset(cyc_d, 0, ctas * sizeof(long long)));
       cudaEventRecord(e0);
-      if (v == 0) gather_cp_async<<<ctas, 64, BLOCK + 1024>>>(static_cast<const __nv_bfloat16*>(pool), slots_d, cyc_d);
+      const auto* pb = static_cast<const __nv_bfloat16*>(pool);
+      if (v == 0) gather_cp_async<false><<<ctas, 64, BLOCK + 1024>>>(pb, slots_d, cyc_d);
+      else if (v == 1) gather_cp_async<true><<<ctas, 64, BLOCK + 1024>>>(pb, slots_d, cyc_d);
       else gather_tma_rows<<<ctas, 64, BLOCK + 1024>>>(map, slots_d, cyc_d);
       cudaEventRecord(e1);
       CK(cudaEventSynchronize(e1));
@@ -208,8 +220,8 @@ int main() {
       double mean = 0;
       for (long long c : cyc) mean += static_cast<double>(c) / ctas;
       const double us_block = ms * 1e3 / BLOCKS_PER_CTA;
-      printf("round %d %-22s %7.3f ms, %6.2f us per block and CTA (%.0f cycles by clock64), %.2f TB/s\n", rep,
-             v == 0 ? "cp.async 16 B gather" : "1-row TMA boxes", ms, us_block, mean / BLOCKS_PER_CTA,
+      printf("round %d %-24s %7.3f ms, %6.2f us per block and CTA (%.0f cycles by clock64), %.2f TB/s\n", rep,
+             v == 0 ? "cp.async (kernel's)" : v == 1 ? "cp.async (plain form)" : "1-row TMA boxes", ms, us_block, mean / BLOCKS_PER_CTA,
              static_cast<double>(ctas) * BLOCKS_PER_CTA * BLOCK / (ms * 1e-3) / 1e12);
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);
