@@ -1,13 +1,14 @@
 """A/B timings of chosen bench cases, on the bench's own inputs and timing (one library per process).
 
     KDTREE_LIB=build/lib/x/libkdtree_verify.so PYTHONPATH=src python3 tools/ab_bench.py \
-        --label x [--suite micro] [--cases NAME,NAME] [--systems ours] [--masks tree] [--json FILE]
+        --label x [--suite micro] [--cases NAME,NAME] [--systems ours] [--masks tree] [--layout L] [--json FILE]
 
 Each case is built and timed exactly as `kdtree bench` does it (`gate.run_case`: rotated
 input sets, CUDA-graph replay, output checked against the fp32 reference), but only the
 named cases and systems run, and nothing is recorded as evidence. It is for comparing
 kernel variants side by side in one device call (step `ab-bench` of tools/gpu_session.sh);
-`nox -s bench` stays the measurement of record.
+`nox -s bench` stays the measurement of record. `--layout` times the cases with another slot
+layout than the suite's (e.g. contiguous: what the gather costs against the TMA fast path).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> int:
     ap.add_argument("--systems", default="ours")
     ap.add_argument("--masks", default="tree", help="comma list: the masks to time (of each case's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layout", default=None, help=f"slot layout for every case, one of {', '.join(suites.FRAG_LAYOUTS)}")
     ap.add_argument("--json", default=None, help="append one row per timing to this JSON-lines file")
     args = ap.parse_args()
 
@@ -48,12 +50,17 @@ def main() -> int:
         print(f"--systems: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
         return 2
     masks = tuple(m for m in args.masks.split(",") if m)
+    if args.layout is not None and args.layout not in suites.FRAG_LAYOUTS:
+        print(f"--layout: expected one of {', '.join(suites.FRAG_LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
+        return 2
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
     for name in names or list(known):
         case = dataclasses.replace(known[name], masks=tuple(m for m in known[name].masks if m in masks))
+        if args.layout is not None:
+            case = dataclasses.replace(case, layout=args.layout)
         out: list = []
         gate.run_case(case, systems, peers, missing, l2, gate.case_seed(case, args.seed), out)
         for r in out:
@@ -62,7 +69,7 @@ def main() -> int:
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"label": args.label, "case": r.case, "system": r.system, "mask": r.mask,
-                                        "us": r.replay_us, "status": r.status}) + "\n")
+                                        "layout": case.layout, "us": r.replay_us, "status": r.status}) + "\n")
     return 0
 
 
