@@ -1,6 +1,6 @@
 """How far ahead the portable kernel's ldmatrix loads run, read from its SASS (no GPU).
 
-    python3 tools/sass_operands.py build/lib/libkdtree_verify.so [sm_90a|sm_120]
+    PYTHONPATH=src python3 tools/sass_operands.py build/lib/libkdtree_verify.so [--arch sm_120]
 
 The tile's S loop issues 72 HMMA.16816 per key tile (18 k-steps x 4 n8 tiles) and its PV
 loop 64; each HMMA's B operand is a register pair that an ldmatrix filled. The source keeps
@@ -8,25 +8,40 @@ four B buffers in S (three in PV) so that a load runs a few HMMAs ahead of its u
 ptxas is short of registers it may fold them into one or two pairs, and every HMMA then
 waits on the load just before it (docs/kernel-notes.md, entry J6). This prints, for the
 first key tile's HMMAs in code order, how many distinct B pairs each loop uses and the
-most used ones. Needs cuobjdump (the build extra).
+most used ones. Needs cuobjdump (the build extra; found as the build finds it).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import os
 import re
-import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+from kdtree_engine.kernel.build import find_cuobjdump
 
 S_HMMAS, PV_HMMAS = 18 * 4, 32 * 2
 KERNEL = "verify_attn_kernel_mma_qreg"
 
 
-def hmma_b_operands(lib: str, arch: str) -> list[str]:
-    out = subprocess.run(["cuobjdump", "-sass", "-arch", arch, lib], capture_output=True, text=True, check=True).stdout
+def dump_sass(library: Path, arch: str) -> str | None:
+    """One arch's SASS, or None (no cuobjdump, or it failed). cuobjdump is found as the build
+    finds it (kernel.build.find_cuobjdump), nvdisasm beside it."""
+    tool = find_cuobjdump()
+    if not tool:
+        return None
+    env = dict(os.environ, PATH=str(Path(tool).parent) + os.pathsep + os.environ.get("PATH", ""))
+    r = subprocess.run([tool, "--dump-sass", "-arch", arch, str(library)], capture_output=True, text=True, env=env)
+    return r.stdout if r.returncode == 0 else None
+
+
+def hmma_b_operands(sass: str) -> list[str]:
+    """The B operand of each HMMA of the portable kernel, in code order."""
     inside, b = False, []
-    for line in out.splitlines():
+    for line in sass.splitlines():
         if "Function :" in line:
             inside = KERNEL in line
         elif inside and (m := re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?);", line)) and "HMMA" in m.group(1):
@@ -35,17 +50,21 @@ def hmma_b_operands(lib: str, arch: str) -> list[str]:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or shutil.which("cuobjdump") is None:
-        print(__doc__.strip().splitlines()[2] if len(sys.argv) < 2 else "sass_operands: cuobjdump not on PATH", file=sys.stderr)
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("library", type=Path)
+    ap.add_argument("--arch", default="sm_90a")
+    args = ap.parse_args()
+    sass = dump_sass(args.library, args.arch)
+    if sass is None:
+        print(f"sass_operands: no {args.arch} SASS from {args.library} (cuobjdump missing, or no such arch)", file=sys.stderr)
         return 2
-    arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90a"
-    b = hmma_b_operands(sys.argv[1], arch)
+    b = hmma_b_operands(sass)
     if len(b) < S_HMMAS + PV_HMMAS:
-        print(f"sass_operands: {KERNEL} for {arch}: {len(b)} HMMAs, expected at least {S_HMMAS + PV_HMMAS}", file=sys.stderr)
+        print(f"sass_operands: {KERNEL} for {args.arch}: {len(b)} HMMAs, expected at least {S_HMMAS + PV_HMMAS}", file=sys.stderr)
         return 1
     for name, ops in (("S", b[:S_HMMAS]), ("PV", b[S_HMMAS:S_HMMAS + PV_HMMAS])):
         c = collections.Counter(ops)
-        print(f"{arch} {name}: {len(ops)} HMMAs, {len(c)} distinct B pairs, most used {c.most_common(3)}")
+        print(f"{args.arch} {name}: {len(ops)} HMMAs, {len(c)} distinct B pairs, most used {c.most_common(3)}")
     return 0
 
 
