@@ -58,9 +58,8 @@ def main() -> int:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
     for name in names or list(known):
-        case = dataclasses.replace(known[name], masks=tuple(m for m in known[name].masks if m in masks))
-        if args.layout is not None:
-            case = dataclasses.replace(case, layout=args.layout)
+        case = dataclasses.replace(known[name], masks=tuple(m for m in known[name].masks if m in masks),
+                                   layout=args.layout or known[name].layout)
         out: list = []
         gate.run_case(case, systems, peers, missing, l2, gate.case_seed(case, args.seed), out)
         for r in out:
