@@ -24,6 +24,12 @@ constexpr int COMBINE_UNROLL = 8;
 constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
 constexpr int COMBINE_WIDE8_MIN = 33;
 constexpr int COMBINE_NARROW_MAX = 8;
+// A row of at most COMBINE_FAST_MAX splits in a wide CTA (the host sized the combine for the
+// grid's num_splits, e.g. the GPU-filling count under graph capture, while the row's request
+// took few on the device): every thread reads the row's LSEs itself while its group's
+// partials are in flight, so the merge takes one round trip to memory and one barrier
+// instead of two round trips and four barriers.
+constexpr int COMBINE_FAST_MAX = 16;
 
 // Which token/head a global row is and how many splits its request took (the main
 // kernels' split_plan), or false when there is nothing to merge: no request owns the row,
@@ -104,6 +110,52 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
 
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int grp = tid / 128, c = (tid % 128) * 4;
+  // the groups' sums of their splits meet in shared memory; group 0 writes the row
+  auto finish = [&](float4 o, float sum, float mx) {
+    if (grp > 0) part[grp - 1][tid % 128] = o;
+    __syncthreads();
+    if (grp > 0) return;
+#pragma unroll
+    for (int q = 0; q < G - 1; ++q) {
+      const float4 v = part[q][tid];
+      o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
+    }
+    combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
+  };
+  if (S <= COMBINE_FAST_MAX) {  // uniform over the CTA (one row)
+    constexpr int PER = (COMBINE_FAST_MAX + G - 1) / G;  // splits grp, grp + G, ... of this group
+    const float* base = p.o_part + grow * DV + c;
+    float4 v[PER];
+    float lm[PER];  // their LSEs (a register array is indexed by constants only)
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+      const int s = grp + u * G;
+      v[u] = s < S ? *reinterpret_cast<const float4*>(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
+      lm[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+    }
+    float ls[COMBINE_FAST_MAX];  // the row's LSEs: the same S words for the whole CTA
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int s = 0; s < COMBINE_FAST_MAX; ++s) {
+      ls[s] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+      mx = fmaxf(mx, ls[s]);
+    }
+    // weights exp(lse - max); a split with no visible key of this row (LSE -inf) weighs 0
+    float sum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != -CUDART_INF_F) {
+#pragma unroll
+      for (int s = 0; s < COMBINE_FAST_MAX; ++s) sum += ls[s] == -CUDART_INF_F ? 0.f : __expf(ls[s] - mx);
+#pragma unroll
+      for (int u = 0; u < PER; ++u) {
+        const float wt = lm[u] == -CUDART_INF_F ? 0.f : __expf(lm[u] - mx);
+        o.x += wt * v[u].x; o.y += wt * v[u].y; o.z += wt * v[u].z; o.w += wt * v[u].w;
+      }
+    }
+    finish(o, sum, mx);
+    return;
+  }
   float mx = -CUDART_INF_F;  // max of the LSEs
   for (int s = tid; s < S; s += NT) {
     const float ls = p.lse_part[s * TH + grow];
@@ -136,7 +188,6 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
 #pragma unroll
   for (int i = 0; i < NT / 32; ++i) sum += red[i];
 
-  const int grp = tid / 128, c = (tid % 128) * 4;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   if (sum > 0.f) {
     const float* base = p.o_part + grow * DV + c;
@@ -156,15 +207,7 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
       }
     }
   }
-  if (grp > 0) part[grp - 1][tid % 128] = o;
-  __syncthreads();
-  if (grp > 0) return;
-#pragma unroll
-  for (int q = 0; q < G - 1; ++q) {
-    const float4 v = part[q][tid];
-    o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
-  }
-  combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
+  finish(o, sum, mx);
 }
 
 }  // namespace kdtree

@@ -258,8 +258,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       cp_async_mbar_arrive(full(x, G8));
       // this row of the buffer's next block, into L2 a pair before its copies may be issued
       // (they wait for the readers of this one): by row tile 0 only, and only where the
-      // request has several row tiles (see `prefetch`)
-      if (prefetch && j + 1 < npairs && pos + 2 * BN < w.L && slot >= 0 && slot < p.pool_size)
+      // request has several row tiles (see `prefetch`); slot >= 0 only for a prefix key
+      // (key_slot), so the row is inside the prefix
+      if (prefetch && j + 1 < npairs && slot >= 0 && slot < p.pool_size)
         prefetch_l2(p.kv + slot * p.kv_st, ROW_BYTES);
     }
     cp_async_wait_all();
