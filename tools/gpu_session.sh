@@ -95,7 +95,7 @@ for step in "$@"; do
                ;&
     racecheck-kernel) # the real kernel only: the last part of `racecheck`
                for d in ${RACECHECK_LIBS:-build/lib}; do
-                 for c in ${RACECHECK_CASES:-0 1 2 3 4}; do
+                 for c in ${RACECHECK_CASES:-0 1 2 3 4 5}; do
                    f=/tmp/bench/racecheck-kernel-$(basename $d)-case$c.txt
                    KDTREE_LIB=$PWD/$d/libkdtree_verify.so timeout -k 5 300 $RC python3 tools/sanitize_case.py $c > $f 2>&1
                    echo "--- kernel $d case $c: rc=$? $(grep -ho 'sanitize_case: case.*' $f)"

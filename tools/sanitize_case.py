@@ -3,7 +3,7 @@
     compute-sanitizer --tool memcheck python3 tools/sanitize_case.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py 2   (the third case alone)
 
-With case indices (0-4) as arguments, only those cases run, one launch set each and a
+With case indices (0-5) as arguments, only those cases run, one launch set each and a
 synchronisation after each, so that a report can be told to its case (tools/gpu_session.sh,
 step racecheck, runs one process per case).
 """
@@ -20,7 +20,9 @@ from kdtree_engine.oracle import workloads
 CASES = (([70, 0, 33], [7, 3, 16], 8, None, "fragmented"), ([300], [16], 8, 5, "fragmented"),
          ([40], [64], 2, 1, "fragmented"), ([300, 130], [16, 4], 8, 2, "contiguous"),
          # several pairs per split and two row tiles: the sm90 producer's L2 prefetch runs
-         ([2000], [16], 8, 2, "fragmented"))
+         ([2000], [16], 8, 2, "fragmented"),
+         # a GPU-filling grid over a prefix that takes 8 splits: the wide combine's few-split path
+         ([1000], [16], 8, 64, "fragmented"))
 picked = [int(a) for a in sys.argv[1:]] or range(len(CASES))
 for i in picked:
     lens, ns, h, splits, layout = CASES[i]
