@@ -44,6 +44,9 @@ def test_long_context_suite():
 def test_fragmentation_and_graph_suites():
     fr = suites.SUITES["fragmentation"]
     assert {c.layout for c in fr.cases} == {"contiguous", "runs16", "runs64", "runs256", "fragmented"}
+    # the suite's report order and the data builder's list (what tools/ab_bench.py --layout
+    # accepts) name the same layouts
+    assert sorted(suites.FRAG_LAYOUTS) == sorted(workloads.LAYOUTS)
     assert min(c.prefix for c in fr.cases) == 4096 and max(c.prefix for c in fr.cases) == 91000
     assert fr.systems == ("ours", "ours-sm120", "sglang-extend")
     assert fr.targets == ("fragmentation", "sm120_fragmentation")

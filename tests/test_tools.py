@@ -60,7 +60,7 @@ def _ab_bench():
 @pytest.mark.parametrize("argv,named", [
     (["--cases", "bs1-N16-H8-L4096,no-such-case"], "--cases: not in suite micro: no-such-case"),
     (["--systems", "ours,nope"], "--systems: unknown nope"),
-    (["--layout", "paged"], "--layout: expected one of contiguous, runs256, runs64, runs16, fragmented, got 'paged'"),
+    (["--layout", "paged"], "--layout: expected one of contiguous, fragmented, runs16, runs64, runs256, got 'paged'"),
 ])
 def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monkeypatch, capsys, argv, named):
     """tools/ab_bench.py names what it does not know and exits 2, before any CUDA call

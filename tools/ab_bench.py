@@ -21,6 +21,7 @@ import sys
 from kdtree_engine.bench import gate, suites
 from kdtree_engine.bench.data import DEFAULT_L2_BYTES
 from kdtree_engine.bench.peers import PEERS
+from kdtree_engine.oracle import workloads
 
 
 def main() -> int:
@@ -31,7 +32,7 @@ def main() -> int:
     ap.add_argument("--systems", default="ours")
     ap.add_argument("--masks", default="tree", help="comma list: the masks to time (of each case's)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layout", default=None, help=f"slot layout for every case, one of {', '.join(suites.FRAG_LAYOUTS)}")
+    ap.add_argument("--layout", default=None, help=f"slot layout for every case, one of {', '.join(workloads.LAYOUTS)}")
     ap.add_argument("--json", default=None, help="append one row per timing to this JSON-lines file")
     args = ap.parse_args()
 
@@ -50,8 +51,8 @@ def main() -> int:
         print(f"--systems: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
         return 2
     masks = tuple(m for m in args.masks.split(",") if m)
-    if args.layout is not None and args.layout not in suites.FRAG_LAYOUTS:
-        print(f"--layout: expected one of {', '.join(suites.FRAG_LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
+    if args.layout is not None and args.layout not in workloads.LAYOUTS:
+        print(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
         return 2
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
