@@ -44,6 +44,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 break
 
 
+def load_tool(name: str):
+    """Import ``tools/<name>.py`` (the tools are scripts, not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(name, PROJECT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def git(repo: Path, *args: str) -> str:
     """Run a real git command in ``repo`` and return its stdout."""
     out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True)

@@ -209,13 +209,9 @@ def test_compiled_caller_equals_eager_and_replays_in_a_cuda_graph():
 def test_launches_per_hooked_call(k_given, capsys):
     """Issue 18 item 5: how many GPU launches one hooked verify call makes (printed; run
     with -s). The kernel runs once per call; the count itself is the measurement."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_tool
 
-    spec = importlib.util.spec_from_file_location("count_launches", Path(__file__).parents[1] / "tools" /
-                                                  "count_launches.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("count_launches")
     tool._setup_sglang()
     from kdtree_engine.sglang import plugin
 

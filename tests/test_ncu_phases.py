@@ -4,16 +4,13 @@ Nsight Compute source page (docs/kernel-notes.md, session H): landmarks, shares,
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "tools" / "ncu_phases.py"
-_spec = importlib.util.spec_from_file_location("ncu_phases", _PATH)
-npz = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(npz)
+from conftest import load_tool
+
+npz = load_tool("ncu_phases")
 
 HDR = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait",
        "stall_short_sb", "stall_wait (Not Issued)"]

@@ -3,13 +3,9 @@ racecheck step of tools/gpu_session.sh (issue 16): it reads both report formats 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from conftest import load_tool
 
-_PATH = Path(__file__).resolve().parents[1] / "tools" / "racecheck_summary.py"
-_spec = importlib.util.spec_from_file_location("racecheck_summary", _PATH)
-rs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rs)
+rs = load_tool("racecheck_summary")
 
 # the two thread-line layouts compute-sanitizer has printed (kernel+offset in file:line, and
 # offset in file:line:kernel), an analysis record, and the summary line

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_tool
+
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "gpu_session.sh"
 
 
@@ -48,15 +50,6 @@ def test_script_parses():
     assert r.returncode == 0, r.stderr
 
 
-def _ab_bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ab_bench", SCRIPT.parent / "ab_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("argv,named", [
     (["--cases", "bs1-N16-H8-L4096,no-such-case"], "--cases: not in suite micro: no-such-case"),
     (["--systems", "ours,nope"], "--systems: unknown nope"),
@@ -66,7 +59,7 @@ def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monk
     """tools/ab_bench.py names what it does not know and exits 2, before any CUDA call
     (these run on the CPU machine, where a CUDA call would raise)."""
     pytest.importorskip("torch")
-    mod = _ab_bench()
+    mod = load_tool("ab_bench")
     monkeypatch.setattr("sys.argv", ["ab_bench.py", "--label", "x", *argv])
     assert mod.main() == 2
     assert named in capsys.readouterr().err
