@@ -24,6 +24,13 @@ python3 -c "from kdtree_engine.kernel import library; l = library.load(); print(
 T="timeout -k 5 ${STEP_TIMEOUT:-1200}"
 # racecheck with every report (the racecheck and racecheck-kernel steps)
 RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
+# tools/NAME.cu as a binary: the carried build/lib/NAME (built on the CPU machine), else built here
+# with nvcc for sm_90a; prints its path (nvcc's own output goes to stderr)
+tool_bin() {
+  local b=build/lib/$1
+  [ -x "$b" ] || { b=/tmp/$1; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I csrc -o "$b" "tools/$1.cu" >&2; }
+  echo "$b"
+}
 pack() { tar -czf "${OUT:-/tmp}/results.tgz" -C /tmp ev bench $(cd /tmp && ls -d integrate-logs 2>/dev/null) 2>/dev/null; }
 trap pack EXIT
 for step in "$@"; do
@@ -46,14 +53,11 @@ for step in "$@"; do
            && ncu --import /tmp/bench/ncu-sm120.ncu-rep --page details > /tmp/bench/ncu-sm120.txt
          grep -E "Duration|hmma|Tensor|Issue Slots|Shared|Warp Cycles Per Issued|Achieved Occupancy|Block Limit|Registers|Dynamic Shared|Stall|mem_shared" /tmp/bench/ncu-sm120.txt | head -40
          rm -f /tmp/bench/ncu-sm120.ncu-rep ;;
-    mma-peak) # this GPU's mma.sync bf16 ceiling, operands in registers (tools/mma_peak.cu; carried build/lib/mma_peak
-              # built on the CPU machine, else nvcc here)
-              mp=build/lib/mma_peak; [ -x $mp ] || { mp=/tmp/mma_peak; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o $mp tools/mma_peak.cu; }
-              $mp | tee /tmp/bench/mma-peak.txt ;;
+    mma-peak) # this GPU's mma.sync bf16 ceiling, operands in registers (tools/mma_peak.cu, tool_bin)
+              "$(tool_bin mma_peak)" | tee /tmp/bench/mma-peak.txt ;;
     tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
-                   # (tools/tma_row_probe.cu; carried build/lib/tma_row_probe built on the CPU machine, else nvcc here)
-              tp=build/lib/tma_row_probe; [ -x $tp ] || { tp=/tmp/tma_row_probe; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I csrc -o $tp tools/tma_row_probe.cu; }
-              timeout 120 $tp | tee /tmp/bench/tma-row-probe.txt ;;
+                   # (tools/tma_row_probe.cu, tool_bin)
+              timeout 120 "$(tool_bin tma_row_probe)" | tee /tmp/bench/tma-row-probe.txt ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
