@@ -58,6 +58,12 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
   return splits > 1;
 }
 
+// A split's weight in its row's merge: exp(lse - max) of the row's LSEs, and 0 for a
+// split with no visible key of this row (LSE -inf; mx is finite wherever this is called).
+__device__ __forceinline__ float split_weight(float ls, float mx) {
+  return ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
+}
+
 __device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,
                                               float mx, int64_t grow, bool lse_writer) {
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -83,8 +89,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const P
 #pragma unroll COMBINE_NARROW_MAX
     for (int s = 0; s < S; ++s) {
       const float ls = p.lse_part[s * TH + grow];
-      if (ls == -CUDART_INF_F) continue;  // no visible key of this row in the split: weight 0
-      const float wt = __expf(ls - mx);
+      if (ls == -CUDART_INF_F) continue;  // weight 0 (split_weight): skip its partial's load
+      const float wt = split_weight(ls, mx);
       sum += wt;
       const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
       o.x += wt * v.x; o.y += wt * v.y; o.z += wt * v.z; o.w += wt * v.w;
@@ -127,7 +133,8 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
     constexpr int PER = (COMBINE_FAST_MAX + G - 1) / G;  // splits grp, grp + G, ... of this group
     const float* base = p.o_part + grow * DV + c;
     float4 v[PER];
-    float lm[PER];  // their LSEs (a register array is indexed by constants only)
+    float lm[PER];  // their LSEs, loaded again below into ls[] (an L1 hit): a register
+                    // array is indexed by constants only, and grp + u * G is not one
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
       const int s = grp + u * G;
@@ -141,15 +148,14 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
       ls[s] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
       mx = fmaxf(mx, ls[s]);
     }
-    // weights exp(lse - max); a split with no visible key of this row (LSE -inf) weighs 0
     float sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     if (mx != -CUDART_INF_F) {
 #pragma unroll
-      for (int s = 0; s < COMBINE_FAST_MAX; ++s) sum += ls[s] == -CUDART_INF_F ? 0.f : __expf(ls[s] - mx);
+      for (int s = 0; s < COMBINE_FAST_MAX; ++s) sum += split_weight(ls[s], mx);
 #pragma unroll
       for (int u = 0; u < PER; ++u) {
-        const float wt = lm[u] == -CUDART_INF_F ? 0.f : __expf(lm[u] - mx);
+        const float wt = split_weight(lm[u], mx);
         o.x += wt * v[u].x; o.y += wt * v[u].y; o.z += wt * v[u].z; o.w += wt * v[u].w;
       }
     }
@@ -170,12 +176,10 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
 #pragma unroll
   for (int i = 1; i < NT / 32; ++i) mx = fmaxf(mx, red[i]);
   __syncthreads();  // red is reused for the sum below
-  // weights exp(lse - max); a split with no visible key of this row (LSE -inf) weighs 0
   float sum = 0.f;
   if (mx != -CUDART_INF_F) {
     for (int s = tid; s < S; s += NT) {
-      const float ls = w_s[s];
-      const float wt = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
+      const float wt = split_weight(w_s[s], mx);
       w_s[s] = wt;
       sum += wt;
     }
