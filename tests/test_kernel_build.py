@@ -47,6 +47,22 @@ def test_serialized_wgmma_is_reported_for_the_arch_that_follows():
     assert "wgmma_serialized" not in res.kernels["sm_120"].get("verify_attn_kernel_sm90", {})
 
 
+DIVERGENT = ("ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+             "to program dependence on compiler-inserted WG.AR in divergent path in the function "
+             "'_ZN6kdtree4sm9023verify_attn_kernel_sm90ENS_6ParamsE14CUtensorMap_sti'\n")
+# a note that names a kernel but is not about serialization (HEAD's sm90 build has two)
+INJECTED = ("ptxas info    : (C7519) warpgroup.arrive is injected in around line 1371 by compiler to allow use of "
+            "registers in GMMA in function '_ZN6kdtree4sm9023verify_attn_kernel_sm90ENS_6ParamsE14CUtensorMap_sti'\n")
+
+
+def test_every_serialization_note_counts_and_no_other():
+    # C7520 (a wgmma pipeline across a branch ptxas thinks divergent) serializes as C7514 does
+    res = _result(LOG.format(serial=DIVERGENT, spill=0))
+    assert serialized(res) == ["verify_attn_kernel_sm90 on sm_90a"]
+    res = _result(LOG.format(serial=INJECTED, spill=0))
+    assert serialized(res) == []
+
+
 def test_spills_are_reported():
     res = _result(LOG.format(serial="", spill=32))
     assert spills(res) == ["combine_wide_kernel<8> on sm_90a: 32 B spill stores, 32 B spill loads"]

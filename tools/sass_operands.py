@@ -15,27 +15,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from kdtree_engine.kernel.build import find_cuobjdump
+from kdtree_engine.kernel.build import dump_sass
 
 S_HMMAS, PV_HMMAS = 18 * 4, 32 * 2
 KERNEL = "verify_attn_kernel_mma_qreg"
-
-
-def dump_sass(library: Path, arch: str) -> str | None:
-    """One arch's SASS, or None (no cuobjdump, or it failed). cuobjdump is found as the build
-    finds it (kernel.build.find_cuobjdump), nvdisasm beside it."""
-    tool = find_cuobjdump()
-    if not tool:
-        return None
-    env = dict(os.environ, PATH=str(Path(tool).parent) + os.pathsep + os.environ.get("PATH", ""))
-    r = subprocess.run([tool, "--dump-sass", "-arch", arch, str(library)], capture_output=True, text=True, env=env)
-    return r.stdout if r.returncode == 0 else None
 
 
 def hmma_b_operands(sass: str) -> list[str]:

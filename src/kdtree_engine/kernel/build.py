@@ -7,9 +7,11 @@ through ctypes in any Python), ``-Xptxas -v`` for per-kernel registers and
 spills, and a stamp (sources + flags + nvcc version) so that an unchanged tree
 is not rebuilt. The gate fails on a missing nvcc, a compile error (the
 compiler's own message is printed), any spill (no kernel here declares one) or
-a wgmma pipeline that ptxas serialized (its C7514 note: a non-wgmma instruction
-touches an accumulator while the MMA is in flight; the kernel then runs, correct
-and much slower, which only a benchmark would otherwise show).
+a wgmma pipeline that ptxas serialized (any of its "wgmma.mma_async instructions
+are serialized" notes: C7514, a non-wgmma instruction touches an accumulator while
+the MMA is in flight; C7520, a wgmma pipeline across a branch ptxas takes for
+divergent; the kernel then runs, correct and much slower, which only a benchmark
+would otherwise show).
 When ``cuobjdump`` is available (``pip install nvidia-cuda-cuobjdump
 nvidia-cuda-nvdisasm``, the ``build`` extra) the evidence also counts the
 tensor-core and async-copy instructions in each arch's SASS.
@@ -127,7 +129,9 @@ def _stamp(root: Path, flags: list[str], nvcc_v: str) -> str:
 _FUNC_RE = re.compile(r"Compiling entry function '(\w+)' for '(sm_\w+)'")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REG_RE = re.compile(r"Used (\d+) registers")
-_SERIAL_RE = re.compile(r"\(C7514\).*function '(\w+)'")
+#: ptxas's "wgmma.mma_async instructions are serialized due to ..." notes, whatever their code
+#: (C7514: accumulators read in the pipeline stage; C7520: a divergent path; others alike)
+_SERIAL_RE = re.compile(r"\((C75\d\d)\)[^']*wgmma\.mma_async instructions are serialized[^']*function '(\w+)'")
 
 
 def _short(name: str) -> str:
@@ -143,7 +147,7 @@ def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
     """ptxas -v output -> {arch: {kernel: {registers, stack, spill_stores, spill_loads[, wgmma_serialized]}}}."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     cur: dict[str, int] | None = None
-    serial: list[str] = []  # C7514 notes come before the module's "Compiling entry function" lines
+    serial: list[str] = []  # the notes come before the module's "Compiling entry function" lines
     for line in log.splitlines():
         m = _FUNC_RE.search(line)
         if m:
@@ -155,7 +159,7 @@ def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
             continue
         m = _SERIAL_RE.search(line)
         if m:
-            serial.append(_short(m.group(1)))
+            serial.append(_short(m.group(2)))
             continue
         if cur is None:
             continue
@@ -179,22 +183,31 @@ def find_cuobjdump() -> str | None:
     return None
 
 
-def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
-    """Count instruction families in each arch's SASS ({} when cuobjdump is unavailable)."""
+def dump_sass(library: Path, arch: str) -> str | None:
+    """One arch's SASS of ``library``, or None (no cuobjdump, or it failed: e.g. no such arch).
+    cuobjdump is found by :func:`find_cuobjdump`, with nvdisasm beside it."""
     tool = find_cuobjdump()
     if not tool:
-        return {}
+        return None
     env = dict(os.environ)
     env["PATH"] = str(Path(tool).parent) + os.pathsep + env.get("PATH", "")  # nvdisasm beside it
+    r = subprocess.run([tool, "--dump-sass", "-arch", arch, str(library)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    return r.stdout if r.returncode == 0 else None
+
+
+def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
+    """Count instruction families in each arch's SASS ({} when cuobjdump is unavailable)."""
+    if not find_cuobjdump():
+        return {}
     counts: dict[str, dict[str, int]] = {}
     for arch in archs:
-        r = subprocess.run([tool, "--dump-sass", "-arch", arch, str(library)], capture_output=True,
-                           text=True, env=env, timeout=300)
-        if r.returncode != 0:
+        sass = dump_sass(library, arch)
+        if sass is None:
             counts[arch] = {"error": 1}
             continue
         fam = {f: 0 for f in SASS_FAMILIES}
-        for ins in re.findall(r"\b([A-Z][A-Z0-9]+)(?:\.[A-Za-z0-9_.]+)?\s", r.stdout):
+        for ins in re.findall(r"\b([A-Z][A-Z0-9]+)(?:\.[A-Za-z0-9_.]+)?\s", sass):
             if ins in fam:
                 fam[ins] += 1
         counts[arch] = fam
@@ -249,7 +262,7 @@ def spills(result: BuildResult) -> list[str]:
 
 
 def serialized(result: BuildResult) -> list[str]:
-    """Kernels whose wgmma pipeline ptxas serialized (note C7514)."""
+    """Kernels whose wgmma pipeline ptxas serialized (its C7514, C7520, ... notes)."""
     return [f"{k} on {arch}" for arch, ks in result.kernels.items() for k, v in ks.items() if v.get("wgmma_serialized")]
 
 
@@ -333,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     elif bad:
         reason = "register spills: " + "; ".join(bad)
     elif serial:
-        reason = "wgmma serialized by ptxas (C7514: an accumulator touched while its MMA is in flight): " + "; ".join(serial)
+        reason = ("wgmma serialized by ptxas (C7514: an accumulator touched while its MMA is in flight; C7520: a "
+                  "pipeline across a divergent branch): " + "; ".join(serial))
     elif missing:
         reason = f"ptxas reported no kernels for {missing}"
     regs = {a: {k: v.get("registers") for k, v in ks.items()} for a, ks in res.kernels.items()}
