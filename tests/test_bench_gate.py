@@ -307,3 +307,79 @@ def test_sm120_targets_pass_when_the_emulation_keeps_up(fake_cuda, monkeypatch, 
     t = rec["metrics"]["targets"]["sm120_hopper"]
     assert t["status"] == "pass" and 0.5 < t["measured"] <= 2.5, t
     assert code == 0
+
+
+# ----------------------------------------------------------------------------- side-by-side timing
+
+
+class _LoggedGraph:
+    """A captured graph whose replays log their name and take ``ms`` of host time."""
+
+    def __init__(self, name, ms, log, fail_at=None):
+        self.name, self.ms, self.log, self.fail_at = name, ms, log, fail_at
+
+    def replay(self):
+        if self.fail_at is not None and len(self.log) >= self.fail_at:
+            raise RuntimeError("simulated replay fault")
+        self.log.append(self.name)
+        time.sleep(self.ms / 1e3)
+
+
+def _prepared(name, ms, log, **kw):
+    from kdtree_engine.bench import timing
+
+    return timing.Prepared([lambda: None], timing.Measurement(calls=2), _LoggedGraph(name, ms, log, **kw))
+
+
+def test_side_by_side_replays_interleave_in_alternating_order(fake_cuda):
+    """Each set keeps its own repetition count, and the rounds go forward then backward, so no
+    set is timed only right after one other: the tree/chain and sm_120/Hopper ratios do not
+    depend on which was timed first."""
+    from kdtree_engine.bench import timing
+
+    log: list[str] = []
+    a, b, c = _prepared("a", 1.0, log), _prepared("b", 1.0, log), _prepared("c", 4.0, log)
+    timing.time_replays([a, b, c], budget_s=0.012, min_reps=3, max_reps=100)
+    est, rounds = log[:3], log[3:]
+    assert est == ["a", "b", "c"]  # one replay each sizes its repetitions
+    assert rounds[:6] == ["a", "b", "c", "c", "b", "a"]
+    # c (4 ms) gets ~3 reps of the 12 ms budget, a and b (1 ms) ~12 each; the figure is per call
+    assert a.m.replay_reps == rounds.count("a") and c.m.replay_reps == rounds.count("c")
+    assert 3 <= c.m.replay_reps < a.m.replay_reps <= 13
+    assert c.m.replay_us > 1.5 * a.m.replay_us and abs(a.m.replay_us - 500) < 400  # 1 ms / 2 calls
+    assert len(a.m.samples["replay_ms"]) == a.m.replay_reps and a.timed and c.timed
+
+
+def test_a_replay_fault_leaves_every_set_without_a_graph_figure(fake_cuda):
+    from kdtree_engine.bench import timing
+
+    log: list[str] = []
+    a, b = _prepared("a", 0.5, log), _prepared("b", 0.5, log, fail_at=5)
+    timing.time_replays([a, b], budget_s=0.01)
+    for p in (a, b):
+        assert p.m.replay_us is None and "simulated replay fault" in p.m.graph_error and p.graph is None
+
+
+def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch, tmp_path):
+    """Through the gate: the side-by-side systems' replays are timed together (each still checked
+    against the reference, eager figures kept) and the SGLang peers after them, alone."""
+    from kdtree_engine.bench import timing
+
+    _suite(monkeypatch, (), systems=("ours", "ours-sm120", "sglang-extend"))
+    groups: list[int] = []
+    real = timing.time_replays
+
+    def spy(preps, **kw):
+        groups.append(len([p for p in preps if p.graph is not None]))
+        return real(preps, **kw)
+
+    monkeypatch.setattr(timing, "time_replays", spy)
+    code, rec = _run(tmp_path)
+    # per case: one group of the four side-by-side sets, then SGLang extend's two, each alone
+    assert groups == [4, 1, 1] * len(TINY), groups
+    rows = [r for r in rec["details"]["results"] if r["case"] == TINY[0].name]
+    assert [(r["system"], r["mask"]) for r in rows] == [
+        ("ours", "tree"), ("ours", "chain"), ("ours-sm120", "tree"), ("ours-sm120", "chain"),
+        ("sglang-extend", "tree"), ("sglang-extend", "chain")]
+    for r in rows:
+        assert r["status"] == "ok" and r["replay_us"] > 0 and r["eager_us"] > 0 and r["replay_reps"] >= 3, r

@@ -42,6 +42,12 @@ GATE = "bench"
 DEVICE = "cuda"
 #: seconds of timing per (system, case, mask) and mode (replay, eager)
 MEASURE_BUDGET_S = 0.25
+#: systems whose graph replays of one case are timed side by side, in interleaved rounds
+#: (timing.time_replays): the ones the targets compare within a few percent (tree against
+#: chain, the emulation against the Hopper kernel, ours against FlashMLA). The SGLang peers,
+#: 4x to 400x slower, are timed alone, after them, so that their long replays are not
+#: interleaved with the others'.
+SIDE_BY_SIDE = ("ours", "ours-sm120", "flashmla")
 
 
 def _say(msg: str) -> None:
@@ -102,40 +108,81 @@ def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missin
         out += [Result(case.name, s, m, "missing" if s in missing else "error", error=missing.get(s, why))
                 for s, m in plan]
         return
-    for s, m in plan:
-        if s in missing:
-            out.append(Result(case.name, s, m, "missing", error=missing[s]))
-            _say(f"    {s:15s} {m:5s} missing")
-            continue
-        fns = None
-        try:
-            fns = [peers[s].prepare(st.batch(m)) for st in sets]
-            meas = timing.measure(fns, refs[m], budget_s=MEASURE_BUDGET_S)
-            r = Result(case.name, s, m, "ok" if meas.correct else "wrong", replay_us=meas.replay_us,
-                       eager_us=meas.eager_us, graph_error=meas.graph_error,
-                       check=_worst_check([meas.check_eager, meas.check_replay]), rotations=meas.rotations,
-                       calls=meas.calls, replay_reps=meas.replay_reps, eager_reps=meas.eager_reps,
-                       extra={"check_eager": meas.check_eager, "check_replay": meas.check_replay,
-                              "samples_ms": meas.samples})
-        except PeerUnsupported as e:
-            r = Result(case.name, s, m, "unsupported", error=str(e), rotations=len(sets))
-        except Exception as e:  # a crashing peer: record it, keep going
-            r = Result(case.name, s, m, "error", error=_err_text(e), rotations=len(sets))
-        del fns
+    n_sets = len(sets)
+
+    def record(r: Result) -> None:
         out.append(r)
         if r.status in ("ok", "wrong"):
             g = f"replay {r.replay_us:9.2f} us" if r.replay_us is not None else "replay       n/a   "
             e_ = f"eager {r.eager_us:9.2f} us" if r.eager_us is not None else ""
             chk = f"rel_l2 {r.check['rel_l2']:.1e}" if r.check else ""
-            _say(f"    {s:15s} {m:5s} {g}  {e_}  x{r.rotations} sets  {chk}  "
+            _say(f"    {r.system:15s} {r.mask:5s} {g}  {e_}  x{r.rotations} sets  {chk}  "
                  f"{'ok' if r.status == 'ok' else 'WRONG OUTPUT'}"
                  + (f"  (not capturable: {r.graph_error[:80]})" if r.graph_error else ""))
         else:
-            _say(f"    {s:15s} {m:5s} {r.status}: {(r.error or '')[:160]}")
+            _say(f"    {r.system:15s} {r.mask:5s} {r.status}: {(r.error or '')[:160]}")
         if r.status == "error":
             dead = _cuda_alive()
             if dead:
-                raise RuntimeError(f"the CUDA context is broken after {s} on {case.name} ({r.error}): {dead}")
+                raise RuntimeError(f"the CUDA context is broken after {r.system} on {case.name} ({r.error}): {dead}")
+
+    def result(s: str, m: str, meas: timing.Measurement) -> Result:
+        return Result(case.name, s, m, "ok" if meas.correct else "wrong", replay_us=meas.replay_us,
+                      eager_us=meas.eager_us, graph_error=meas.graph_error,
+                      check=_worst_check([meas.check_eager, meas.check_replay]), rotations=meas.rotations,
+                      calls=meas.calls, replay_reps=meas.replay_reps, eager_reps=meas.eager_reps,
+                      extra={"check_eager": meas.check_eager, "check_replay": meas.check_replay,
+                             "samples_ms": meas.samples})
+
+    def failed(s: str, m: str, e: BaseException) -> Result:
+        if isinstance(e, PeerUnsupported):
+            return Result(case.name, s, m, "unsupported", error=str(e), rotations=n_sets)
+        return Result(case.name, s, m, "error", error=_err_text(e), rotations=n_sets)  # a crashing peer
+
+    # the side-by-side systems checked and captured one by one, their replays timed together
+    # and then their eager figures; then the slower peers, each alone
+    together = [(s, m) for s, m in plan if s in SIDE_BY_SIDE]
+    alone = [(s, m) for s, m in plan if s not in SIDE_BY_SIDE]
+    pending: list[tuple[str, str, timing.Prepared]] = []
+
+    def flush() -> None:
+        if pending:
+            timing.time_replays([p for _, _, p in pending], budget_s=MEASURE_BUDGET_S)
+        while pending:
+            s, m, p = pending[0]
+            p.release()
+            try:
+                timing.time_eager(p, budget_s=MEASURE_BUDGET_S)
+                r = result(s, m, p.m)
+            except Exception as e:
+                r = failed(s, m, e)
+            pending.pop(0)
+            record(r)
+
+    try:
+        for i, (s, m) in enumerate(together + alone):
+            if i == len(together):
+                flush()
+            if s in missing:
+                record(Result(case.name, s, m, "missing", error=missing[s]))
+                continue
+            fns = None
+            try:
+                fns = [peers[s].prepare(st.batch(m)) for st in sets]
+                if s in SIDE_BY_SIDE:
+                    pending.append((s, m, timing.prepare(fns, refs[m])))
+                    continue
+                r = result(s, m, timing.measure(fns, refs[m], budget_s=MEASURE_BUDGET_S))
+            except Exception as e:
+                r = failed(s, m, e)
+            del fns
+            record(r)
+        flush()  # (when the plan has only side-by-side systems)
+    finally:  # a fatal fault: the side-by-side runs not yet recorded say so
+        for s, m, p in pending:
+            p.release()
+            out.append(Result(case.name, s, m, "error", error="not timed: the case ended early (see the error above)",
+                              rotations=n_sets))
     del sets, refs
     torch.cuda.empty_cache()
 

@@ -14,6 +14,12 @@ Correctness: the first eager call of set 0 and the first replay of set 0
 reference (:func:`kdtree_engine.oracle.compare.compare`).
 
 A peer that cannot be captured is still timed eagerly; ``graph_error`` says why.
+
+Side by side: :func:`prepare` checks and captures a runner set, and
+:func:`time_replays` times several captured sets in interleaved rounds, so that
+the ratios the bench's targets take between them (tree against chain, the
+sm_120 emulation against the Hopper kernel, ours against FlashMLA) do not depend
+on which was timed first. :func:`measure` is the three steps for one set alone.
 """
 
 from __future__ import annotations
@@ -79,10 +85,24 @@ def _reps(budget_s: float, ms_per_rep: float, lo: int, hi: int) -> int:
     return max(lo, min(hi, int(budget_s * 1e3 / max(ms_per_rep, 1e-3))))
 
 
-def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
-            max_graph_ms: float = 60.0, min_reps: int = 3, max_reps: int = 100,
-            graph: bool = True) -> Measurement:
-    """Warm up, check, and time ``fns`` (one runner per rotated input set)."""
+@dataclass
+class Prepared:
+    """A runner set that was checked and captured, its replays not yet timed
+    (:func:`prepare`; then :func:`time_replays`, alone or beside others, and :func:`time_eager`)."""
+
+    fns: Sequence[Runner]
+    m: Measurement
+    graph: Any = None  # the captured graph of ``m.calls`` calls, None if it could not be captured
+    timed: bool = False  # time_replays ran on it (successfully or not)
+
+    def release(self) -> None:
+        self.graph = None
+
+
+def prepare(fns: Sequence[Runner], ref: torch.Tensor, *, max_graph_ms: float = 60.0,
+            graph: bool = True) -> Prepared:
+    """Warm up and check ``fns`` (one runner per rotated input set) eagerly, then capture
+    ``calls`` of them in one graph and check its first replay (output poisoned first)."""
     m = Measurement(rotations=len(fns))
     out0 = fns[0]()
     for f in fns[1:]:
@@ -95,37 +115,91 @@ def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
     if t_est * calls > max_graph_ms:
         calls = max(1, int(max_graph_ms / max(t_est, 1e-3)))
     m.calls = calls
-
-    def loop() -> None:
-        for i in range(calls):
-            fns[i % len(fns)]()
-
+    p = Prepared(fns, m)
     if graph:
-        g = None
         try:
             g, outs = capture_graph(lambda: [fns[i % len(fns)]() for i in range(calls)])
             outs[0].fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
             m.check_replay = compare.compare(outs[0].reshape(ref.shape), ref).as_dict()
-            reps = _reps(budget_s, timed_ms(g.replay), min_reps, max_reps)
-            times = [timed_ms(g.replay) for _ in range(reps)]
-            m.replay_reps = reps
-            m.samples["replay_ms"] = times
-            m.replay_us = _median(times) * 1e3 / calls
+            p.graph = g
         except Exception as e:  # a peer that cannot be captured: its eager figure stands
-            m.graph_error = f"{type(e).__name__}: {str(e)[:300]}"
-            try:
-                torch.cuda.synchronize()
-            except Exception:
-                pass
-        finally:
-            del g
+            _graph_failed(p, e)
+    return p
+
+
+def _graph_failed(p: Prepared, e: BaseException) -> None:
+    p.m.graph_error = f"{type(e).__name__}: {str(e)[:300]}"
+    p.m.replay_us = None
+    p.release()
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        pass
+
+
+def time_replays(preps: Sequence[Prepared], *, budget_s: float = 0.25, min_reps: int = 3,
+                 max_reps: int = 100) -> None:
+    """Time the captured graphs of ``preps`` side by side: each gets its own repetitions
+    (``budget_s`` of its replays, within [min_reps, max_reps]), taken in interleaved rounds
+    whose order alternates (forward, then backward), so that no runner is timed only in the
+    state the previous one left the GPU in. The GPU's clock follows its power and heat: on
+    the H200, bs16 N8 H128 8k read 475-493 us when timed first after the inputs were built
+    and 514-522 us when timed after another runner, whatever its mask (docs/kernel-notes.md,
+    session L). Figure per runner: the median replay / calls. A failure ends the graph figure
+    of every runner not timed yet (their eager figures stand)."""
+    live = [p for p in preps if p.graph is not None and not p.timed]
+    want: dict[int, int] = {}
+    times: dict[int, list[float]] = {}
+    try:
+        for p in live:
+            want[id(p)] = _reps(budget_s, timed_ms(p.graph.replay), min_reps, max_reps)
+            times[id(p)] = []
+        rnd = 0
+        while True:
+            order = live if rnd % 2 == 0 else live[::-1]
+            todo = [p for p in order if len(times[id(p)]) < want[id(p)]]
+            if not todo:
+                break
+            for p in todo:
+                times[id(p)].append(timed_ms(p.graph.replay))
+            rnd += 1
+    except Exception as e:
+        for p in live:
+            p.timed = True
+            _graph_failed(p, e)
+        return
+    for p in live:
+        p.timed = True
+        p.m.replay_reps = len(times[id(p)])
+        p.m.samples["replay_ms"] = times[id(p)]
+        p.m.replay_us = _median(times[id(p)]) * 1e3 / p.m.calls
+
+
+def time_eager(p: Prepared, *, budget_s: float = 0.25, min_reps: int = 3, max_reps: int = 100) -> None:
+    """The eager figure: ``calls`` launches back to back from Python, median per call."""
+    fns, calls = p.fns, p.m.calls
+
+    def loop() -> None:
+        for i in range(calls):
+            fns[i % len(fns)]()
+
     loop()
     torch.cuda.synchronize()
     reps = _reps(budget_s, timed_ms(loop), min_reps, max_reps)
     times = [timed_ms(loop) for _ in range(reps)]
-    m.eager_reps = reps
-    m.samples["eager_ms"] = times
-    m.eager_us = _median(times) * 1e3 / calls
-    return m
+    p.m.eager_reps = reps
+    p.m.samples["eager_ms"] = times
+    p.m.eager_us = _median(times) * 1e3 / calls
+
+
+def measure(fns: Sequence[Runner], ref: torch.Tensor, *, budget_s: float = 0.25,
+            max_graph_ms: float = 60.0, min_reps: int = 3, max_reps: int = 100,
+            graph: bool = True) -> Measurement:
+    """Warm up, check, and time ``fns`` (one runner per rotated input set) on their own."""
+    p = prepare(fns, ref, max_graph_ms=max_graph_ms, graph=graph)
+    time_replays([p], budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+    p.release()
+    time_eager(p, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+    return p.m
