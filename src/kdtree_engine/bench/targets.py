@@ -9,8 +9,8 @@ reports its worst value, the case it came from and by how much it misses:
 - ``splitkv``: ours (chain) faster than SGLang's split-KV kernel on every chain
   shape it can run;
 - ``flashmla``: ours (chain) / FlashMLA <= 1.25 (the gate's floor), goal 1.0;
-- ``tree_vs_chain``: ours tree <= 1.10 x ours chain of the same shape;
-- ``floor_fraction``: bs=1, H=8, N=16, prefix 65536: floor / ours (tree) >= 0.40;
+- ``tree_vs_chain``: ours tree <= 1.10 x ours chain of the same shape, goal 1.05;
+- ``floor_fraction``: bs=1, H=8, N=16, prefix 65536: floor / ours (tree) >= 0.40, goal 0.55;
 - ``fragmentation``: each slot layout within 10% of contiguous (ours, tree).
 
 The sm_120 emulation (system ``ours-sm120``, issue 15), on the same run's figures:
@@ -22,6 +22,9 @@ The sm_120 emulation (system ``ours-sm120``, issue 15), on the same run's figure
 - ``sm120_extend_50x``: ours-sm120 (tree) at least 50x faster than SGLang extend at
   prefix >= 23k;
 - ``sm120_fragmentation``: each slot layout within 10% of contiguous (ours-sm120, tree).
+
+A goal (issue 16's targets: 1.0 of FlashMLA, trees within 5% of chains, 0.55 of the
+floor) is reported beside the gate's limit, met or not, and does not fail the gate.
 
 Status: ``pass``/``fail``; ``n/a`` on a GPU other than the H200 (the targets
 were set there; figures are still shown); ``unmeasured`` when no case has the
@@ -65,9 +68,10 @@ SPECS: dict[str, Spec] = {
     "extend_50x": Spec("extend_50x", "ours >= 50x faster than SGLang extend at prefix >= 23k (tree)", 50.0, ">=", "x"),
     "splitkv": Spec("splitkv", "ours faster than SGLang split-KV on every chain shape (time ratio)", 1.0, "<", "x"),
     "flashmla": Spec("flashmla", "ours chain / FlashMLA <= 1.25 (goal 1.0)", 1.25, "<=", "x", goal=1.0),
-    "tree_vs_chain": Spec("tree_vs_chain", "ours tree <= 1.10 x ours chain of the same N", 1.10, "<=", "x"),
-    "floor_fraction": Spec("floor_fraction", "bs=1 H=8 N=16 prefix 65536: floor / ours tree >= 0.40", 0.40, ">=",
-                           "frac"),
+    "tree_vs_chain": Spec("tree_vs_chain", "ours tree <= 1.10 x ours chain of the same N (goal 1.05)", 1.10, "<=",
+                          "x", goal=1.05),
+    "floor_fraction": Spec("floor_fraction", "bs=1 H=8 N=16 prefix 65536: floor / ours tree >= 0.40 (goal 0.55)", 0.40,
+                           ">=", "frac", goal=0.55),
     "fragmentation": Spec("fragmentation", "fragmented slot ids within 10% of contiguous (ours, tree)", 0.10, "<=",
                           "pct"),
     "sm120_seed": Spec("sm120_seed", "sm_120 emulation / Hopper kernel <= 2.0 at bs=1 N=16 H=8, prefix 23k..91k (tree)",
@@ -127,12 +131,14 @@ def _fmt(v: float, unit: str) -> str:
     return f"{v:.3g}x" if v >= 10 else f"{v:.3f}"
 
 
-def _ok(value: float, spec: Spec) -> bool:
+def _ok(value: float, spec: Spec, limit: float | None = None) -> bool:
+    """``value`` against the spec's threshold (or ``limit``: its goal), in the spec's direction."""
+    limit = spec.threshold if limit is None else limit
     if spec.op == "<=":
-        return value <= spec.threshold
+        return value <= limit
     if spec.op == "<":
-        return value < spec.threshold
-    return value >= spec.threshold
+        return value < limit
+    return value >= limit
 
 
 def _miss(value: float, spec: Spec) -> str:
@@ -182,7 +188,7 @@ def _finish(spec: Spec, rows: list[dict[str, Any]], applicable: bool, note: str 
             min(valued, key=lambda r: r["value"])
         tr.measured, tr.worst_case = worst["value"], worst["case"]
         if spec.goal is not None:
-            tr.goal_met = all(r["value"] <= spec.goal for r in valued)
+            tr.goal_met = all(_ok(r["value"], spec, spec.goal) for r in valued)
     bad = [r for r in counted if not r["ok"]]
     if not counted:
         tr.status = "unmeasured"
