@@ -35,6 +35,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layout", default=None, help=f"slot layout for every case, one of {', '.join(workloads.LAYOUTS)}")
     ap.add_argument("--json", default=None, help="append one row per timing to this JSON-lines file")
+    ap.add_argument("--alone", action="store_true",
+                    help="time every system alone, one after another (the bench's method before session L), "
+                         "instead of the side-by-side systems' replays in interleaved rounds")
     args = ap.parse_args()
 
     import torch
@@ -55,6 +58,8 @@ def main() -> int:
     if args.layout is not None and args.layout not in workloads.LAYOUTS:
         print(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
         return 2
+    if args.alone:
+        gate.SIDE_BY_SIDE = ()
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -71,7 +76,8 @@ def main() -> int:
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"label": args.label, "case": r.case, "system": r.system, "mask": r.mask,
-                                        "layout": case.layout, "us": r.replay_us, "status": r.status}) + "\n")
+                                        "layout": case.layout, "us": r.replay_us, "status": r.status,
+                                        "alone": args.alone}) + "\n")
     return 0
 
 

@@ -10,7 +10,7 @@
 # steps: tma-row-probe racecheck-kernel ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
-#        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
+#        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 set -uo pipefail
 commit=$1; shift
@@ -140,7 +140,7 @@ for step in "$@"; do
               for r in $(seq ${AB_ROUNDS:-1}); do for d in ${AB_LIBS:-build/lib}; do
                 sys=${AB_SYSTEMS:-ours}; [ $first = 1 ] && [ -n "${AB_FIRST_SYSTEMS:-}" ] && sys=$sys,$AB_FIRST_SYSTEMS; first=0
                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/ab_bench.py --label $(basename $d) --suite ${AB_SUITE:-micro} \
-                  ${AB_CASES:+--cases $AB_CASES} ${AB_LAYOUT:+--layout $AB_LAYOUT} --systems $sys --masks ${AB_MASKS:-tree} --json /tmp/bench/ab-bench.jsonl 2>&1 \
+                  ${AB_CASES:+--cases $AB_CASES} ${AB_LAYOUT:+--layout $AB_LAYOUT} ${AB_EXTRA:-} --systems $sys --masks ${AB_MASKS:-tree} --json /tmp/bench/ab-bench.jsonl 2>&1 \
                   | grep -E "^\| |Error|error|WRONG"
               done; done ;;
     ncu-metrics) # per-kernel duration, DRAM bytes and L2 hit rate of one call (the second) for each library of AB_LIBS
