@@ -361,11 +361,12 @@ def test_a_replay_fault_leaves_every_set_without_a_graph_figure(fake_cuda):
 
 
 def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch, tmp_path):
-    """Through the gate: the side-by-side systems' replays are timed together (each still checked
-    against the reference, eager figures kept) and the SGLang peers after them, alone."""
+    """Through the gate: the owned kernel's systems' replays are timed together (each still checked
+    against the reference, eager figures kept) and the peers after them, each alone."""
     from kdtree_engine.bench import timing
 
-    _suite(monkeypatch, (), systems=("ours", "ours-sm120", "sglang-extend"))
+    _suite(monkeypatch, (), systems=("ours", "ours-sm120", "sglang-extend", "flashmla"))
+    fake_cuda["flashmla"]._missing = None  # importable here: a peer, timed alone like SGLang's
     groups: list[int] = []
     real = timing.time_replays
 
@@ -375,11 +376,12 @@ def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch,
 
     monkeypatch.setattr(timing, "time_replays", spy)
     code, rec = _run(tmp_path)
-    # per case: one group of the four side-by-side sets, then SGLang extend's two, each alone
-    assert groups == [4, 1, 1] * len(TINY), groups
+    # per case: one group of the owned kernel's four sets, then the peers' (extend tree and
+    # chain, FlashMLA chain), each alone
+    assert groups == [4, 1, 1, 1] * len(TINY), groups
     rows = [r for r in rec["details"]["results"] if r["case"] == TINY[0].name]
     assert [(r["system"], r["mask"]) for r in rows] == [
         ("ours", "tree"), ("ours", "chain"), ("ours-sm120", "tree"), ("ours-sm120", "chain"),
-        ("sglang-extend", "tree"), ("sglang-extend", "chain")]
+        ("sglang-extend", "tree"), ("sglang-extend", "chain"), ("flashmla", "chain")]
     for r in rows:
         assert r["status"] == "ok" and r["replay_us"] > 0 and r["eager_us"] > 0 and r["replay_reps"] >= 3, r

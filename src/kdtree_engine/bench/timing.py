@@ -18,8 +18,8 @@ A peer that cannot be captured is still timed eagerly; ``graph_error`` says why.
 Side by side: :func:`prepare` checks and captures a runner set, and
 :func:`time_replays` times several captured sets in interleaved rounds, so that
 the ratios the bench's targets take between them (tree against chain, the
-sm_120 emulation against the Hopper kernel, ours against FlashMLA) do not depend
-on which was timed first. :func:`measure` is the three steps for one set alone.
+sm_120 emulation against the Hopper kernel) do not depend on which was timed
+first. :func:`measure` is the three steps for one set alone.
 """
 
 from __future__ import annotations
