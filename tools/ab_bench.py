@@ -38,6 +38,9 @@ def main() -> int:
     ap.add_argument("--alone", action="store_true",
                     help="time every system alone, one after another (the bench's method before session L), "
                          "instead of the side-by-side systems' replays in interleaved rounds")
+    ap.add_argument("--side-by-side", default=None, metavar="SYSTEMS",
+                    help="comma list: the systems whose replays are timed in interleaved rounds (default: the "
+                         "bench's, gate.SIDE_BY_SIDE)")
     args = ap.parse_args()
 
     import torch
@@ -60,6 +63,8 @@ def main() -> int:
         return 2
     if args.alone:
         gate.SIDE_BY_SIDE = ()
+    elif args.side_by_side is not None:
+        gate.SIDE_BY_SIDE = tuple(x for x in args.side_by_side.split(",") if x)
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -77,7 +82,7 @@ def main() -> int:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"label": args.label, "case": r.case, "system": r.system, "mask": r.mask,
                                         "layout": case.layout, "us": r.replay_us, "status": r.status,
-                                        "alone": args.alone}) + "\n")
+                                        "side_by_side": list(gate.SIDE_BY_SIDE)}) + "\n")
     return 0
 
 
