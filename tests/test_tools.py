@@ -54,6 +54,8 @@ def test_script_parses():
     (["--cases", "bs1-N16-H8-L4096,no-such-case"], "--cases: not in suite micro: no-such-case"),
     (["--systems", "ours,nope"], "--systems: unknown nope"),
     (["--layout", "paged"], "--layout: expected one of contiguous, fragmented, runs16, runs64, runs256, got 'paged'"),
+    (["--side-by-side", "ours,flashml"], "--side-by-side: unknown flashml"),
+    (["--alone", "--side-by-side", "ours"], "--alone and --side-by-side: give one of them"),
 ])
 def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monkeypatch, capsys, argv, named):
     """tools/ab_bench.py names what it does not know and exits 2, before any CUDA call

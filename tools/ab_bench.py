@@ -61,10 +61,18 @@ def main() -> int:
     if args.layout is not None and args.layout not in workloads.LAYOUTS:
         print(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
         return 2
+    if args.alone and args.side_by_side is not None:
+        print("--alone and --side-by-side: give one of them", file=sys.stderr)
+        return 2
+    together = tuple(x for x in (args.side_by_side or "").split(",") if x)
+    bad = [s for s in together if s not in PEERS]
+    if bad:
+        print(f"--side-by-side: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
+        return 2
     if args.alone:
         gate.SIDE_BY_SIDE = ()
     elif args.side_by_side is not None:
-        gate.SIDE_BY_SIDE = tuple(x for x in args.side_by_side.split(",") if x)
+        gate.SIDE_BY_SIDE = together
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
