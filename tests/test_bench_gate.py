@@ -385,3 +385,34 @@ def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch,
         ("sglang-extend", "tree"), ("sglang-extend", "chain"), ("flashmla", "chain")]
     for r in rows:
         assert r["status"] == "ok" and r["replay_us"] > 0 and r["eager_us"] > 0 and r["replay_reps"] >= 3, r
+
+
+def test_a_fatal_fault_while_flushing_marks_the_waiting_side_by_side_runs_not_timed(fake_cuda, monkeypatch):
+    """A sticky fault found while the side-by-side systems' eager figures are taken ends the case:
+    the run that failed is recorded with its own error, every run still waiting says it was not
+    timed, none is recorded twice, no graph is kept, and no peer is started."""
+    from kdtree_engine.bench import timing
+
+    prepared: list[timing.Prepared] = []
+    real_prepare = timing.prepare
+
+    def spy(*a, **kw):
+        prepared.append(real_prepare(*a, **kw))
+        return prepared[-1]
+
+    def eager_fault(p, **kw):
+        raise RuntimeError("simulated eager fault")
+
+    monkeypatch.setattr(timing, "prepare", spy)
+    monkeypatch.setattr(timing, "time_eager", eager_fault)
+    monkeypatch.setattr(gate, "_cuda_alive", lambda: "AcceleratorError: CUDA error: an illegal memory access")
+    systems = ("ours", "ours-sm120", "sglang-extend")
+    out: list = []
+    with pytest.raises(RuntimeError, match="CUDA context is broken after ours"):
+        gate.run_case(TINY[0], systems, {s: fake_cuda[s] for s in systems}, {}, 200_000, 0, out)
+    assert [(r.system, r.mask, r.status) for r in out] == [
+        ("ours", "tree", "error"), ("ours", "chain", "error"),
+        ("ours-sm120", "tree", "error"), ("ours-sm120", "chain", "error")]
+    assert "simulated eager fault" in out[0].error
+    assert all(r.error.startswith("not timed: the case ended early") for r in out[1:])
+    assert len(prepared) == 4 and all(p.timed and p.graph is None for p in prepared)

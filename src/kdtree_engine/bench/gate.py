@@ -142,7 +142,9 @@ def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missin
         return Result(case.name, s, m, "error", error=_err_text(e), rotations=n_sets)  # a crashing peer
 
     # the side-by-side systems checked and captured one by one, their replays timed together
-    # and then their eager figures; then the peers, each alone
+    # and then their eager figures; then the peers, each alone. No name here holds a system's
+    # runners (they hold its GPU tensors): a peer's go when timing.measure returns, before the
+    # next system is prepared; a side-by-side system's go with its pending entry.
     together = [(s, m) for s, m in plan if s in SIDE_BY_SIDE]
     alone = [(s, m) for s, m in plan if s not in SIDE_BY_SIDE]
     pending: list[tuple[str, str, timing.Prepared]] = []
@@ -151,35 +153,37 @@ def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missin
         if pending:
             timing.time_replays([p for _, _, p in pending], budget_s=MEASURE_BUDGET_S)
         while pending:
-            s, m, p = pending[0]
+            s, m, p = pending.pop(0)  # this loop records it: the finally marks only the runs still waiting
             p.release()
             try:
                 timing.time_eager(p, budget_s=MEASURE_BUDGET_S)
                 r = result(s, m, p.m)
             except Exception as e:
                 r = failed(s, m, e)
-            pending.pop(0)
             record(r)
 
     try:
-        for i, (s, m) in enumerate(together + alone):
-            if i == len(together):
-                flush()
+        for s, m in together:
             if s in missing:
                 record(Result(case.name, s, m, "missing", error=missing[s]))
                 continue
-            fns = None
             try:
-                fns = [peers[s].prepare(st.batch(m)) for st in sets]
-                if s in SIDE_BY_SIDE:
-                    pending.append((s, m, timing.prepare(fns, refs[m])))
-                    continue
-                r = result(s, m, timing.measure(fns, refs[m], budget_s=MEASURE_BUDGET_S))
+                pending.append((s, m, timing.prepare([peers[s].prepare(st.batch(m)) for st in sets], refs[m])))
+                continue
             except Exception as e:
                 r = failed(s, m, e)
-            del fns
             record(r)
-        flush()  # (when the plan has only side-by-side systems)
+        flush()
+        for s, m in alone:
+            if s in missing:
+                record(Result(case.name, s, m, "missing", error=missing[s]))
+                continue
+            try:
+                r = result(s, m, timing.measure([peers[s].prepare(st.batch(m)) for st in sets], refs[m],
+                                                budget_s=MEASURE_BUDGET_S))
+            except Exception as e:
+                r = failed(s, m, e)
+            record(r)
     finally:  # a fatal fault: the side-by-side runs not yet recorded say so
         for s, m, p in pending:
             p.release()
