@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,27 @@ def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monk
     monkeypatch.setattr("sys.argv", ["ab_bench.py", "--label", "x", *argv])
     assert mod.main() == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,together", [
+    (["--alone"], ()),
+    (["--side-by-side", ""], ()),
+    (["--side-by-side", "ours"], ("ours",)),
+    ([], ("ours", "ours-sm120")),  # the bench's group
+])
+def test_ab_bench_alone_is_an_empty_side_by_side_group(monkeypatch, argv, together):
+    """--alone is --side-by-side "": no interleaved group, every system timed alone."""
+    torch = pytest.importorskip("torch")
+    from kdtree_engine.bench import gate
+
+    mod = load_tool("ab_bench")
+    monkeypatch.setattr(gate, "SIDE_BY_SIDE", gate.SIDE_BY_SIDE)  # the tool sets it; put back after
+    monkeypatch.setattr(mod, "PEERS", {s: types.SimpleNamespace(check=lambda: None) for s in mod.PEERS})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=0))
+    seen = []
+    monkeypatch.setattr(gate, "run_case", lambda case, systems, *a: seen.append((case.name, systems, gate.SIDE_BY_SIDE)))
+    monkeypatch.setattr("sys.argv", ["ab_bench.py", "--label", "x", "--cases", "bs1-N16-H8-L4096",
+                                     "--systems", "ours,ours-sm120", *argv])
+    assert mod.main() == 0
+    assert seen == [("bs1-N16-H8-L4096", ("ours", "ours-sm120"), together)]

@@ -37,7 +37,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="append one row per timing to this JSON-lines file")
     ap.add_argument("--alone", action="store_true",
                     help="time every system alone, one after another (the bench's method before session L), "
-                         "instead of the side-by-side systems' replays in interleaved rounds")
+                         "instead of the side-by-side systems' replays in interleaved rounds "
+                         "(the same as --side-by-side '')")
     ap.add_argument("--side-by-side", default=None, metavar="SYSTEMS",
                     help="comma list: the systems whose replays are timed in interleaved rounds (default: the "
                          "bench's, gate.SIDE_BY_SIDE)")
@@ -64,14 +65,14 @@ def main() -> int:
     if args.alone and args.side_by_side is not None:
         print("--alone and --side-by-side: give one of them", file=sys.stderr)
         return 2
+    if args.alone:  # an empty interleaved group: every system timed alone
+        args.side_by_side = ""
     together = tuple(x for x in (args.side_by_side or "").split(",") if x)
     bad = [s for s in together if s not in PEERS]
     if bad:
         print(f"--side-by-side: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
         return 2
-    if args.alone:
-        gate.SIDE_BY_SIDE = ()
-    elif args.side_by_side is not None:
+    if args.side_by_side is not None:
         gate.SIDE_BY_SIDE = together
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
