@@ -143,3 +143,23 @@ def test_a_cached_build_counts_sass_it_could_not_count_before(tmp_path, monkeypa
     res = B.build(out_dir=tmp_path)
     assert not res.rebuilt and res.sass == counted
     assert json.loads(stamp_file.read_text())["sass"] == counted
+
+
+def test_sass_counts_finds_cuobjdump_once(tmp_path, monkeypatch):
+    """cuobjdump is looked up once for all archs; an arch it cannot dump counts as an error,
+    and without cuobjdump nothing is counted."""
+    import kdtree_engine.kernel.build as B
+
+    tool = tmp_path / "cuobjdump"
+    tool.write_text('#!/bin/sh\n[ "$3" = sm_90a ] || exit 1\n'
+                    "printf '        /*0010*/  HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\\n"
+                    "        /*0020*/  LDSM.16.M88.4 R8, [R2] ;\\n        /*0030*/  HMMA.16816.F32.BF16 R4 ;\\n'\n")
+    tool.chmod(0o755)
+    looked: list[int] = []
+    monkeypatch.setattr(B, "find_cuobjdump", lambda: looked.append(1) or str(tool))
+    counts = B.sass_counts(tmp_path / "lib.so", ["sm_90a", "sm_120"])
+    assert len(looked) == 1
+    assert counts["sm_120"] == {"error": 1}
+    assert counts["sm_90a"] == {**dict.fromkeys(B.SASS_FAMILIES, 0), "HMMA": 2, "LDSM": 1}
+    monkeypatch.setattr(B, "find_cuobjdump", lambda: None)
+    assert B.sass_counts(tmp_path / "lib.so", ["sm_90a"]) == {}

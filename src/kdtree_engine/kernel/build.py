@@ -183,10 +183,10 @@ def find_cuobjdump() -> str | None:
     return None
 
 
-def dump_sass(library: Path, arch: str) -> str | None:
+def dump_sass(library: Path, arch: str, tool: str | None = None) -> str | None:
     """One arch's SASS of ``library``, or None (no cuobjdump, or it failed: e.g. no such arch).
-    cuobjdump is found by :func:`find_cuobjdump`, with nvdisasm beside it."""
-    tool = find_cuobjdump()
+    ``tool`` is cuobjdump's path (default: found by :func:`find_cuobjdump`), with nvdisasm beside it."""
+    tool = tool or find_cuobjdump()
     if not tool:
         return None
     env = dict(os.environ)
@@ -198,11 +198,12 @@ def dump_sass(library: Path, arch: str) -> str | None:
 
 def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
     """Count instruction families in each arch's SASS ({} when cuobjdump is unavailable)."""
-    if not find_cuobjdump():
+    tool = find_cuobjdump()
+    if not tool:
         return {}
     counts: dict[str, dict[str, int]] = {}
     for arch in archs:
-        sass = dump_sass(library, arch)
+        sass = dump_sass(library, arch, tool)
         if sass is None:
             counts[arch] = {"error": 1}
             continue
