@@ -165,16 +165,14 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
 #pragma unroll
     for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
     {
-      // B fragments (8 keys x 16 dims each) by ldmatrix.x2, one buffer per n8 tile: the
-      // load for step k + 1 of tile j is issued as soon as step k's MMA of tile j has
-      // taken its operands, three MMAs ahead of its use (ncu: HMMAs waited on their
-      // ldmatrix when the loads came just before them)
-      // ldmatrix.x2 per 8 keys (j) and k step: lanes 0-7 key rows 8 j + x, chunk c; 8-15 the same
-      // rows, chunk c + 1 (c = step_chunk(kh, k)). Swizzled, the
-      // lane's chunk offset is (bx ^ 2 (k & 3)) + 8 (k >> 2) + 32 kh within the nope dims and
-      // (bx ^ 4 kh ^ 2 (k - 16)) + 64 in the rope dims, bx = b ^ x. Tile j's load for step
-      // k + 1 is issued once step k's MMAs of tile j have their operands (ncu: HMMAs waited on
-      // ldmatrix loads issued just before them)
+      // B fragments (8 keys x 16 dims each), two n8 tiles per ldmatrix.x4, two buffers: the
+      // load for step k + 1 of tiles 2 jp, 2 jp + 1 is issued as soon as step k's MMAs of
+      // those tiles have taken their operands, two MMAs ahead of its use (ncu: HMMAs waited
+      // on their ldmatrix when the loads came just before them).
+      // Lanes 0-7 address key rows 8 j + x, chunk c; 8-15 the same rows, chunk c + 1
+      // (c = step_chunk(kh, k)); 16-31 the same for rows 8 (j + 1) + x. Swizzled, the lane's
+      // chunk offset is (bx ^ 2 (k & 3)) + 8 (k >> 2) + 32 kh within the nope dims and
+      // (bx ^ 4 kh ^ 2 (k - 16)) + 64 in the rope dims, bx = b ^ x.
       const int x = lane & 7, bx = ((lane >> 3) & 1) ^ x;
       const uint32_t kb = kst + x * RB;
       const uint32_t nope = (bx << 4), rope = ((bx ^ (4 * kh)) << 4);
@@ -183,15 +181,20 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
                (k < NOPE_STEPS ? (nope ^ (32 * (k & 3))) + (k >> 2) * 128 + kh * 512
                                : (rope ^ (32 * (k - NOPE_STEPS))) + 64 * 16);
       };
-      uint32_t bb[4][2];
+      // (r + 8) & 7 == r & 7: rows 8 further on take the same swizzle. One x4 instead of two
+      // x2 halves the load instructions (entry M2: 0.5-1% in the emulation, and the sm_120
+      // build's loads run further ahead of their HMMAs)
+      const uint32_t kb4 = ((lane >> 4) & 1) * 8 * RB;
+      uint32_t bq[2][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) ldsm_x2(kaddr(j, 0), bb[j][0], bb[j][1]);
+      for (int jp = 0; jp < 2; ++jp) ldsm_x4(kb4 + kaddr(2 * jp, 0), bq[jp][0], bq[jp][1], bq[jp][2], bq[jp][3]);
 #pragma unroll
       for (int k = 0; k < KSTEPS; ++k) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          mma16816(s[j], qf[k][0], qf[k][1], qf[k][2], qf[k][3], bb[j][0], bb[j][1]);
-          if (k + 1 < KSTEPS) ldsm_x2(kaddr(j, k + 1), bb[j][0], bb[j][1]);
+        for (int jp = 0; jp < 2; ++jp) {
+          mma16816(s[2 * jp], qf[k][0], qf[k][1], qf[k][2], qf[k][3], bq[jp][0], bq[jp][1]);
+          mma16816(s[2 * jp + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], bq[jp][2], bq[jp][3]);
+          if (k + 1 < KSTEPS) ldsm_x4(kb4 + kaddr(2 * jp, k + 1), bq[jp][0], bq[jp][1], bq[jp][2], bq[jp][3]);
         }
       }
     }

@@ -4,11 +4,11 @@
 
 The tile's S loop issues 72 HMMA.16816 per key tile (18 k-steps x 4 n8 tiles) and its PV
 loop 64; each HMMA's B operand is a register pair that an ldmatrix filled. The source keeps
-four B buffers in S (three in PV) so that a load runs a few HMMAs ahead of its use; when
-ptxas is short of registers it may fold them into one or two pairs, and every HMMA then
-waits on the load just before it (docs/kernel-notes.md, entry J6). This prints, for the
-first key tile's HMMAs in code order, how many distinct B pairs each loop uses and the
-most used ones. Needs cuobjdump (the build extra; found as the build finds it).
+two B buffers of two pairs each in S (ldmatrix.x4) and three in PV, so that a load runs a
+few HMMAs ahead of its use; when ptxas is short of registers it may fold them into one or
+two pairs, and every HMMA then waits on the load just before it (docs/kernel-notes.md,
+entry J6). This prints, for the first key tile's HMMAs in code order, how many distinct B
+pairs each loop uses and the most used ones. Needs cuobjdump (the build extra; found as the build finds it).
 """
 
 from __future__ import annotations
