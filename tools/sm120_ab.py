@@ -7,6 +7,12 @@ tile that KDTREE_KERNEL / KDTREE_TILE select (both are read once per process), o
 micro suite's shapes (tree masks, random slot ids, bf16 random data) and checks each
 output against the fp32 reference. A first look for kernel experiments; the bench gate
 (`nox -s bench`) is the measurement of record.
+
+Each case is one input set, replayed with no rotation past the L2, so a kernel that gains
+from a warm L2 reads faster here than in the gate: on the same code, bs1 N16 H8 91k read the
+sm_120 / Hopper ratio as 2.01-2.02 here and 1.92-1.95 in the gate (docs/kernel-notes.md,
+entry M3). For the gate's inputs and timing, A/B with tools/ab_bench.py
+(`AB_SYSTEMS=ours,ours-sm120 ... ab-bench`).
 """
 
 from __future__ import annotations
