@@ -28,17 +28,6 @@ S_HMMAS, PV_HMMAS = 18 * 4, 32 * 2
 KERNEL = "verify_attn_kernel_mma_qreg"
 
 
-def hmma_b_operands(sass: str) -> list[str]:
-    """The B operand of each HMMA of the portable kernel, in code order."""
-    inside, b = False, []
-    for line in sass.splitlines():
-        if "Function :" in line:
-            inside = KERNEL in line
-        elif inside and (m := re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?);", line)) and "HMMA" in m.group(1):
-            b.append(re.split(r",\s*", m.group(1))[2])
-    return b
-
-
 _INSN = re.compile(r"\s+/\*[0-9a-f]+\*/\s+(.*?);")
 _REG = re.compile(r"R(\d+)")
 
@@ -54,10 +43,20 @@ def _kernel_insns(sass: str) -> list[str]:
     return out
 
 
-def _dest(insn: str) -> tuple[str, int, int] | None:
-    """(opcode, first register, registers written) of an instruction that writes registers
-    (a guard predicate dropped); an LDSM writes 1, 2 or 4 (.x1 / .2 / .4), an HMMA.16816 its
-    4 accumulators, a .64 / .128 load 2 / 4, anything else its first operand's register."""
+def _b_operand(insn: str) -> str | None:
+    """An HMMA's B operand (its third), None for any other instruction."""
+    return re.split(r",\s*", insn)[2] if "HMMA" in insn else None
+
+
+def hmma_b_operands(sass: str) -> list[str]:
+    """The B operand of each HMMA of the portable kernel, in code order."""
+    return [b for insn in _kernel_insns(sass) if (b := _b_operand(insn)) is not None]
+
+
+def _dest(insn: str) -> tuple[int, int] | None:
+    """(first register, registers written) of an instruction that writes registers (a guard
+    predicate dropped); an LDSM writes 1, 2 or 4 (.x1 / .2 / .4), an HMMA.16816 its 4
+    accumulators, a .64 / .128 load 2 / 4, anything else its first operand's register."""
     parts = insn.split()
     if parts and parts[0].startswith("@"):
         parts = parts[1:]
@@ -74,7 +73,7 @@ def _dest(insn: str) -> tuple[str, int, int] | None:
         width = 4
     elif op.startswith("LD"):
         width = 4 if ".128" in op else 2 if ".64" in op else 1
-    return op, int(m.group(1)), width
+    return int(m.group(1)), width
 
 
 def load_distances(sass: str) -> list[int | None]:
@@ -84,12 +83,11 @@ def load_distances(sass: str) -> list[int | None]:
     last: dict[int, int] = {}
     out: list[int | None] = []
     for i, insn in enumerate(_kernel_insns(sass)):
-        if "HMMA" in insn.split(",")[0]:
-            b = _REG.match(re.split(r",\s*", insn)[2])
+        if (op := _b_operand(insn)) is not None:
+            b = _REG.match(op)
             out.append(i - last[int(b.group(1))] if b and int(b.group(1)) in last else None)
-        d = _dest(insn)
-        if d:
-            for r in range(d[1], d[1] + d[2]):
+        if d := _dest(insn):
+            for r in range(d[0], d[0] + d[1]):
                 last[r] = i
     return out
 
