@@ -1,20 +1,21 @@
 // kdtree-engine: the portable kernel (mma.sync m16n8k16 bf16 -> fp32, cp.async
 // gathers): what every device but an sm_90a-built H100/H200 runs, sm_120 first.
 //
-// Tile KDTREE_TILE_MMA_64X32_QREG (89 KB of shared memory, so one CTA per SM within
-// sm_120's 99 KB per block): 64 query rows, 8 warps; warp (rg, kh) owns rows
-// rg*16 .. +16. For S it holds its rows' Q fragments for half of the 576 dimensions
-// (kh: 0..287 or 288..575; 72 registers, loaded once) and computes a partial S over
-// that half for the tile's 32 keys; partners (rg, 0) and (rg, 1) swap partials through
-// a 2 KB slab each and one 64-thread named barrier, so both hold the same full S
-// (a + b == b + a exactly). Each then runs the same online softmax (lazy maximum),
-// keeps P in registers as the A operand, and accumulates O for its rows and its half
-// (kh) of the 512 value columns (128 registers). K/V tiles of 32 keys are loaded once
-// per CTA for all 64 rows by 16-byte cp.async gathers (one slot = 1152 contiguous
-// bytes), double-buffered; slot ids travel a tile ahead through shared memory; the
-// tree mask is read only for tiles that reach the drafts. docs/kernel-notes.md
-// (sm_120 entries) has the measurements, and the Q-in-shared-memory tiles this
-// replaced (16 and 64 rows, 2 and 8 warps).
+// Tile KDTREE_TILE_MMA_64X32_QREG (98.1 KB of shared memory, so one CTA per SM within
+// sm_120's 99 KB per block): 64 query rows, 8 math warps and a producer warpgroup.
+// Math warp (rg, kh) = (w >> 1, w & 1) owns rows rg*16 .. +16. For S it holds its rows' Q
+// fragments for the nope half kh (dims 256 kh .. +256, 64 registers, loaded once) and reads
+// its 32 rope dims from shared memory at each tile; it computes a partial S over that half
+// of the 576 dimensions for the tile's 32 keys; partners (rg, 0) and (rg, 1) swap partials
+// through a 2 KB slab each and one 64-thread named barrier, so both hold the same full S
+// (a + b == b + a exactly). Each then runs the same online softmax (lazy maximum), keeps P
+// in registers as the A operand, and accumulates O for its rows and its half (kh) of the
+// 512 value columns (128 registers). The producer warpgroup loads each 32-key tile once per
+// CTA for all 64 rows by 16-byte cp.async gathers (one slot = 1152 contiguous bytes) into
+// two stages, a full and an empty mbarrier each, so that no __syncthreads holds the math
+// warps in step; setmaxnreg gives the math warps 240 registers and the producers 24 (sm_90a,
+// sm_120a). The tree mask is read only for tiles that reach the drafts. docs/kernel-notes.md
+// (sm_120 entries) has the measurements, and the tiles this replaced.
 #pragma once
 
 #include "common.cuh"
@@ -25,8 +26,11 @@ namespace kdtree {
 // ------------------------------------------------ Q in registers (sm_120's tile)
 namespace qreg {
 constexpr int BM = 64;
-constexpr int WARPS = tiles::MMA_QREG_WARPS;  // 4 row groups x 2 halves
-constexpr int THREADS = WARPS * 32;
+constexpr int WARPS = tiles::MMA_QREG_WARPS;  // math warps: 4 row groups x 2 halves
+constexpr int PWARPS = tiles::MMA_QREG_PRODUCER_WARPS;  // producer warps: the key loads
+constexpr int MATH_THREADS = WARPS * 32;
+constexpr int PTHREADS = PWARPS * 32;
+constexpr int THREADS = MATH_THREADS + PTHREADS;
 constexpr int KSTEPS = D / 2 / 16;  // k16 steps over one half of the dimensions (18)
 // Warp kh's half of the dimensions: nope dims 256 kh .. +256 (16 steps, 128-byte aligned
 // chunk groups), then rope dims 512 + 32 kh .. +32 (2 steps). First 16-byte chunk of step k:
@@ -43,9 +47,22 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) { return static_cast
 constexpr int K_BYTES = BN * RB;  // one key stage
 constexpr int SLAB_OFF = 2 * K_BYTES;
 constexpr int SLAB_WARP = 16 * BN;  // floats of one warp's partial S
-constexpr int RING_OFF = SLAB_OFF + WARPS * SLAB_WARP * 4;  // [2 tiles][BN] prefix slot ids, 8 bytes each
-constexpr int SMEM = RING_OFF + 2 * BN * 8;
-constexpr int TPR = THREADS / BN;   // loader threads per key row
+constexpr int BAR_OFF = SLAB_OFF + WARPS * SLAB_WARP * 4;  // full[2], empty[2]
+// Q's rope dimensions (chunks 64..71 of each row; chunk c of row r at (c ^ (r & 7))): loaded
+// from here at every tile, so that the math warps hold only the nope dims (64 registers)
+constexpr int QR_OFF = BAR_OFF + 128;
+constexpr int QR_ROW = 8 * 16;
+// Each math thread's two running row sums (fp32): in shared memory, read and written once per
+// tile off the products' path, because 240 registers hold everything else (ptxas spilled them)
+constexpr int LR_OFF = QR_OFF + BM * QR_ROW;
+constexpr int SMEM = LR_OFF + MATH_THREADS * 8;
+// The producers: 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i); rows per pass
+constexpr int PROWS = PTHREADS / 4;
+constexpr int PASSES = BN / PROWS;
+// setmaxnreg moves registers from the producer warpgroup to the math warps
+// (384 threads x 168 at launch = 64,512 = 2 x 128 x 240 + 128 x 24: setmaxnreg.inc waits for
+// registers the pool does not hold, so the sum must fit exactly)
+constexpr int MATH_REGS = 240, PRODUCER_REGS = 24;
 #ifndef KDTREE_QREG_VBUF
 #define KDTREE_QREG_VBUF 3
 #endif
@@ -53,11 +70,20 @@ constexpr int VBUF = KDTREE_QREG_VBUF;  // V fragment buffers of the PV loop (lo
 // The lazy maximum (RESCALE_LOG2, common.cuh); O is rescaled only when some row of the warp moved.
 static_assert(SMEM == tiles::mma_qreg_bytes(), "tiles.h disagrees with the kernel's layout");
 static_assert(BM * RB <= SLAB_OFF, "Q is staged in the two key stages");
-static_assert(THREADS % BN == 0, "loader needs whole threads per key row");
+static_assert(PWARPS == 4, "the producers are one warpgroup (setmaxnreg acts on whole warpgroups)");
+static_assert(BN % PROWS == 0, "producer passes cover the tile's rows");
 static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_keys) is one of these tiles");
 
-// the two warps of row group rg (64 threads): named barrier rg + 1 (0 is __syncthreads)
-// (immediate ids, so ptxas reserves 5 barriers, not all 16)
+// Row group rg's two warps are 2 rg and 2 rg + 1: they sit on two SMSPs, and each SMSP holds
+// warps of two row groups, which drift apart once no __syncthreads holds them in step (entry N1:
+// partners w, w + 4 on one SMSP were 0.5-1.5% slower with the producers)
+__device__ __forceinline__ int warp_rg(int warp) { return warp >> 1; }
+__device__ __forceinline__ int warp_kh(int warp) { return warp & 1; }
+constexpr int PARTNER_XOR = 1;
+
+// the two warps of row group rg (64 threads): named barrier rg + 1 (the swap of partial S)
+// and rg + 5 (the slab is free again); 0 is __syncthreads. Immediate ids, so that ptxas
+// reserves 9 barriers, not all 16.
 __device__ __forceinline__ void pair_sync(int rg) {
   switch (rg) {
     case 0: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
@@ -66,26 +92,41 @@ __device__ __forceinline__ void pair_sync(int rg) {
     default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
   }
 }
+__device__ __forceinline__ void slab_sync(int rg) {
+  switch (rg) {
+    case 0: asm volatile("bar.sync 5, 64;\n" ::: "memory"); break;
+    case 1: asm volatile("bar.sync 6, 64;\n" ::: "memory"); break;
+    case 2: asm volatile("bar.sync 7, 64;\n" ::: "memory"); break;
+    default: asm volatile("bar.sync 8, 64;\n" ::: "memory"); break;
+  }
+}
 }  // namespace qreg
 
 __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(const Params p) {
   using namespace qreg;
   extern __shared__ __align__(128) unsigned char smem[];
   float4* slab = reinterpret_cast<float4*>(smem + SLAB_OFF);  // [warp][4 n8 tiles][32 lanes]
+  const uint32_t bars = smem_u32(smem + BAR_OFF);
+  auto full = [&](int stage) { return bars + 8u * stage; };
+  auto empty = [&](int stage) { return bars + 16u + 8u * stage; };
 
   pdl_main_prologue();
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int rg = warp & 3, kh = warp >> 2;
-  const int g = lane >> 2, tq = lane & 3;
 
   Work w;
   if (!setup_work(p, b, rt * BM, split, BN, tid, w)) return;
   const int qo_start = w.qo_start, kv_lo = w.kv_lo, N = w.N, rows = w.rows, r0 = w.r0, L = w.L;
   const int t_begin = w.t_begin, t_end = w.t_end, H = p.H;
-  const bool partial = w.splits > 1;
 
-  // ---- Q: BM rows x 72 chunks staged in the key stages, then this warp's fragments ----
+  if (tid == 0) {
+    mbar_init(full(0), PTHREADS);  // each producer thread's copies of the tile
+    mbar_init(full(1), PTHREADS);
+    mbar_init(empty(0), MATH_THREADS);  // every math thread is done with the stage
+    mbar_init(empty(1), MATH_THREADS);
+    fence_mbar_init();
+  }
+  // ---- Q: BM rows x 72 chunks staged in the key stages (all threads) ----
   for (int c = tid; c < BM * CHUNKS; c += THREADS) {
     const int r = c / CHUNKS, ch = c % CHUNKS;
     const int rr = r0 + r;
@@ -93,71 +134,69 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     const int tok = ok ? rr / H : 0, head = ok ? rr % H : 0;
     const __nv_bfloat16* src = p.q + static_cast<int64_t>(qo_start + tok) * p.q_st +
                                static_cast<int64_t>(head) * p.q_sh + ch * 8;
-    cp_async16(smem_u32(smem) + swz(r, ch), ok ? src : p.q, ok);
+    const uint32_t dst = ch < 64 ? smem_u32(smem) + swz(r, ch)
+                                 : smem_u32(smem + QR_OFF) + r * QR_ROW + (((ch - 64) ^ (r & 7)) << 4);
+    cp_async16(dst, ok ? src : p.q, ok);
   }
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
-  uint32_t qf[KSTEPS][4];  // A fragments: rows rg*16.., dimensions kh*288 + 16k ..
+
+  if (warp >= WARPS) {
+    // ---------------- producer: every key tile into its stage, a tile ahead ----------------
+    setmaxnreg_dec<PRODUCER_REGS>();
+    __syncthreads();  // the math warps hold their Q fragments: the stages take keys now
+    const int ptid = tid - MATH_THREADS, prow = ptid >> 2, sub = ptid & 3;
+    // chunk sub + 4 i of row r sits at ((sub + 4 i) ^ (r & 7)): 128 (i >> 1) + 16 (sub ^ x ^ 4 (i & 1))
+    for (int tile = t_begin; tile < t_end; ++tile) {
+      const int n = tile - t_begin, stage = n & 1;
+      if (n >= 2) mbar_wait(empty(stage), ((n >> 1) - 1) & 1);
+#pragma unroll
+      for (int ps = 0; ps < PASSES; ++ps) {
+        const int row = prow + ps * PROWS;
+        const KeySrc src = key_source(p, tile * BN + row, L, N, kv_lo, qo_start);
+        const uint32_t dst = smem_u32(smem) + stage * K_BYTES + row * RB;
+        const uint32_t o0 = static_cast<uint32_t>((sub ^ (row & 7)) << 4), o1 = o0 ^ 64u;
+        const unsigned char* s8 = reinterpret_cast<const unsigned char*>(src.valid ? src.ptr : p.kv) + 16 * sub;
+#pragma unroll
+        for (int i = 0; i < CHUNKS / 4; ++i)
+          cp_async16(dst + 128u * (i >> 1) + ((i & 1) ? o1 : o0), s8 + 64 * i, src.valid);
+      }
+      cp_async_mbar_arrive(full(stage));
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ---------------- math warps ----------------
+  const int rg = warp_rg(warp), kh = warp_kh(warp);
+  const int g = lane >> 2, tq = lane & 3;
+  uint32_t qf[NOPE_STEPS][4];  // A fragments: rows rg*16.., dimensions kh*256 + 16k ..
+  const int qrow = rg * 16 + (lane & 15);
   {
     const uint32_t qs = smem_u32(smem);
-    const int qrow = rg * 16 + (lane & 15);
 #pragma unroll
-    for (int k = 0; k < KSTEPS; ++k) ldsm_x4(qs + swz(qrow, step_chunk(kh, k) + (lane >> 4)), qf[k][0], qf[k][1], qf[k][2], qf[k][3]);
+    for (int k = 0; k < NOPE_STEPS; ++k) ldsm_x4(qs + swz(qrow, step_chunk(kh, k) + (lane >> 4)), qf[k][0], qf[k][1], qf[k][2], qf[k][3]);
   }
+  // rope steps 16, 17: chunks 4 kh + 2 (k - 16) + (lane >> 4) of QR; (c ^ x) differs from c in its low
+  // 3 bits only, and c + 2 = c ^ 2 here (c even in its pair), so step 17's address is step 16's ^ 32
+  const uint32_t qr_addr = smem_u32(smem + QR_OFF) + qrow * QR_ROW + (((4 * kh + (lane >> 4)) ^ (qrow & 7)) << 4);
+  setmaxnreg_inc<MATH_REGS>();
   __syncthreads();  // every warp holds its fragments: the stages take keys now
-
-  const int lrow = tid / TPR, lsub = tid % TPR;
-  auto issue_tile = [&](int stage, KeySrc src) {
-    unsigned char* dst = smem + stage * K_BYTES + lrow * RB;
-    const int x = lrow & 7;
-#pragma unroll
-    for (int ch = lsub; ch < CHUNKS; ch += TPR)
-      cp_async16(smem_u32(dst + ((ch ^ x) << 4)), src.valid ? src.ptr + ch * 8 : p.kv, src.valid);
-  };
-  // Slot ids travel a tile ahead through shared memory (cp.async, no register held and
-  // no load waited on: ncu showed the loader's address math waiting on a slot id loaded
-  // into a register a tile earlier): warp 0 copies tile t + 2's ids while tile t runs.
-  unsigned char* ring = smem + RING_OFF;
-  auto load_ring = [&](int tile) {
-    if (tid < BN) {
-      const int pos = tile * BN + tid;
-      const bool ok = pos < L;
-      const uint32_t dst = smem_u32(ring + ((tile & 1) * BN + tid) * 8);
-      if (p.kv_indices_64)
-        cp_async8(dst, ok ? static_cast<const void*>(static_cast<const int64_t*>(p.kv_indices) + kv_lo + pos) : p.kv, ok);
-      else
-        cp_async4(dst, ok ? static_cast<const void*>(static_cast<const int32_t*>(p.kv_indices) + kv_lo + pos) : p.kv, ok);
-    }
-  };
-  auto ring_slot = [&](int tile) -> int64_t {
-    if (tile * BN + lrow >= L) return -1;
-    const unsigned char* src = ring + ((tile & 1) * BN + lrow) * 8;
-    return p.kv_indices_64 ? *reinterpret_cast<const int64_t*>(src)
-                           : static_cast<int64_t>(*reinterpret_cast<const int32_t*>(src));
-  };
-  issue_tile(0, key_source(p, t_begin * BN + lrow, L, N, kv_lo, qo_start));
-  if (t_begin + 1 < t_end) load_ring(t_begin + 1);
-  cp_async_commit();
 
   float acc[128];  // O: n8 block i of this warp's 256 columns in acc[4i .. 4i+3] (mma C layout)
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  float l_run[2] = {0.f, 0.f};
+  float2* const l_sm = reinterpret_cast<float2*>(smem + LR_OFF) + tid;
+  *l_sm = make_float2(0.f, 0.f);
   const uint32_t k_base = smem_u32(smem);
   float4* mine = slab + warp * (SLAB_WARP / 4);
-  const float4* theirs = slab + (warp ^ 4) * (SLAB_WARP / 4);
+  const float4* theirs = slab + (warp ^ PARTNER_XOR) * (SLAB_WARP / 4);
 
   for (int tile = t_begin; tile < t_end; ++tile) {
-    const int stage = (tile - t_begin) & 1;
-    cp_async_wait_all();
-    __syncthreads();  // tile ready; everyone is done with the other stage and with the slab
-    if (tile + 1 < t_end) {
-      issue_tile(stage ^ 1, key_resolve(p, ring_slot(tile + 1), (tile + 1) * BN + lrow, L, N, qo_start));
-      if (tile + 2 < t_end) load_ring(tile + 2);
-      cp_async_commit();
-    }
+    const int n = tile - t_begin, stage = n & 1;
+    mbar_wait(full(stage), (n >> 1) & 1);
     const uint32_t kst = k_base + stage * K_BYTES;
 
     // ---- partial S over this warp's half of the dimensions: 16 rows x 32 keys ----
@@ -182,23 +221,29 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
                                : (rope ^ (32 * (k - NOPE_STEPS))) + 64 * 16);
       };
       // (r + 8) & 7 == r & 7: rows 8 further on take the same swizzle. One x4 instead of two
-      // x2 halves the load instructions (entry M2: 0.5-1% in the emulation, and the sm_120
+      // x2 halves the load instructions (entry M2: 0.4-0.8% in the emulation, and the sm_120
       // build's loads run further ahead of their HMMAs)
       const uint32_t kb4 = ((lane >> 4) & 1) * 8 * RB;
-      uint32_t bq[2][4];
+      uint32_t bq[2][4], qr[2][4];
 #pragma unroll
       for (int jp = 0; jp < 2; ++jp) ldsm_x4(kb4 + kaddr(2 * jp, 0), bq[jp][0], bq[jp][1], bq[jp][2], bq[jp][3]);
 #pragma unroll
       for (int k = 0; k < KSTEPS; ++k) {
+        if (k == NOPE_STEPS - 2) {
+          ldsm_x4(qr_addr, qr[0][0], qr[0][1], qr[0][2], qr[0][3]);
+          ldsm_x4(qr_addr ^ 32u, qr[1][0], qr[1][1], qr[1][2], qr[1][3]);
+        }
+        const uint32_t* a = k < NOPE_STEPS ? qf[k] : qr[k - NOPE_STEPS];
 #pragma unroll
         for (int jp = 0; jp < 2; ++jp) {
-          mma16816(s[2 * jp], qf[k][0], qf[k][1], qf[k][2], qf[k][3], bq[jp][0], bq[jp][1]);
-          mma16816(s[2 * jp + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], bq[jp][2], bq[jp][3]);
+          mma16816(s[2 * jp], a[0], a[1], a[2], a[3], bq[jp][0], bq[jp][1]);
+          mma16816(s[2 * jp + 1], a[0], a[1], a[2], a[3], bq[jp][2], bq[jp][3]);
           if (k + 1 < KSTEPS) ldsm_x4(kb4 + kaddr(2 * jp, k + 1), bq[jp][0], bq[jp][1], bq[jp][2], bq[jp][3]);
         }
       }
     }
     // ---- swap partials with the partner warp: both then hold the same full S ----
+    if (n > 0) slab_sync(rg);  // the partner has read the last tile's partial
 #pragma unroll
     for (int j = 0; j < 4; ++j) mine[j * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
     pair_sync(rg);
@@ -211,16 +256,20 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     // (the mask's whereabouts are re-derived in the rare tiles that reach the drafts:
     // registers are what this tile is short of)
     if (tile * BN + BN > L) {
+      // (the request's draft count and the CTA's indices are read again rather than held)
+      const int bz = blockIdx.z;
+      const int Nm = static_cast<int>(load_index(p.qo_indptr, p.qo_indptr_64, bz + 1) -
+                                      load_index(p.qo_indptr, p.qo_indptr_64, bz));
       Work wm;
       wm.L = L;
-      wm.KV = L + N;
-      wm.mask_base = p.mask_indptr[b];
-      wm.mask_ok = N == 0 || (wm.mask_base >= 0 && wm.mask_base + static_cast<int64_t>(N) * wm.KV <= p.mask_len);
-      const int row0 = rt * BM + rg * 16 + g;
+      wm.KV = L + Nm;
+      wm.mask_base = p.mask_indptr[bz];
+      wm.mask_ok = Nm == 0 || (wm.mask_base >= 0 && wm.mask_base + static_cast<int64_t>(Nm) * wm.KV <= p.mask_len);
+      const int row0 = blockIdx.x * BM + rg * 16 + g;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = row0 + (e >> 1) * 8;
-        const int tok = row < N * H ? row / H : -1;
+        const int tok = row < Nm * H ? row / H : -1;
 #pragma unroll
         for (int j = 0; j < 4; ++j) s[j][e] = masked_score(p, wm, s[j][e], tile * BN + j * 8 + tq * 2 + (e & 1), tok, true);
       }
@@ -261,8 +310,12 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
       pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
       pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
     }
-    l_run[0] = l_run[0] * corr[0] + rs[0];
-    l_run[1] = l_run[1] * corr[1] + rs[1];
+    {
+      float2 l = *l_sm;
+      l.x = l.x * corr[0] + rs[0];
+      l.y = l.y * corr[1] + rs[1];
+      *l_sm = l;
+    }
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -298,14 +351,19 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
         mma16816(&acc[8 * n2 + 4], a[0], a[1], a[2], a[3], vv[i % VBUF][2], vv[i % VBUF][3]);
       }
     }
+    mbar_arrive(empty(stage));  // this thread's reads of the stage are done
   }
+
+  const float2 l_fin = *l_sm;
+  float l_run[2] = {l_fin.x, l_fin.y};
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, partial, kh, tq);
+  // the CTA's work again (a few cached loads once per CTA; held across the loop, they cost registers)
+  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, w.splits > 1, kh, tq);
 }
 
 }  // namespace kdtree

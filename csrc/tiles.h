@@ -11,10 +11,13 @@ namespace tiles {
 constexpr int D = KDTREE_HEAD_DIM;  // 576
 constexpr int ROW_BYTES = D * 2;    // 1152 bytes per latent
 constexpr int MMA_BN = 32;         // keys per tile of the mma.sync tile
-// Q in registers: two key stages + a partial-S slab per warp (16 rows x 32 keys fp32) +
-// the slot ids of two key tiles (8 bytes each).
+// Q in registers: 8 math warps and a producer warpgroup (the key loads);
+// two key stages + a partial-S slab per math warp (16 rows x 32 keys fp32) + a full and an
+// empty mbarrier per stage (128 bytes, for alignment) + Q's rope dims (64 rows x 128 bytes) +
+// two running row sums per math thread.
 constexpr int MMA_QREG_WARPS = 8;
-constexpr int mma_qreg_bytes() { return 2 * MMA_BN * ROW_BYTES + MMA_QREG_WARPS * 16 * MMA_BN * 4 + 2 * MMA_BN * 8; }
+constexpr int MMA_QREG_PRODUCER_WARPS = 4;
+constexpr int mma_qreg_bytes() { return 2 * MMA_BN * ROW_BYTES + MMA_QREG_WARPS * 16 * MMA_BN * 4 + 128 + 64 * 128 + 32 * MMA_QREG_WARPS * 8; }
 
 // sm90: Q + two 64-key buffers (9 swizzled 64 x 64 chunks each), published maxima and
 // row sums, 14 mbarriers, and 1 KB to align the base to 1024.
@@ -28,7 +31,8 @@ struct Tile {
 };
 constexpr Tile TILES[] = {
     {KDTREE_TILE_SM90_64X64, KDTREE_KERNEL_SM90, 64, 384, sm90_bytes(), "wgmma-sm90a-seesaw-64x64"},
-    {KDTREE_TILE_MMA_64X32_QREG, KDTREE_KERNEL_MMA, 64, 32 * MMA_QREG_WARPS, mma_qreg_bytes(), "mma.sync-64x32-qreg"},
+    {KDTREE_TILE_MMA_64X32_QREG, KDTREE_KERNEL_MMA, 64, 32 * (MMA_QREG_WARPS + MMA_QREG_PRODUCER_WARPS), mma_qreg_bytes(),
+     "mma.sync-64x32-qreg"},
 };
 
 // sm_120's per-SM limits (RTX PRO 6000 Blackwell, RTX 5090; docs/kernel-notes.md gives the sources).
