@@ -4,7 +4,7 @@
 //
 // - sm_90 with sm_90a code in the library: the wgmma kernel (unless forced portable).
 // - compute capability >= 8.0 otherwise: the portable mma.sync kernel, in the tile
-//   with Q in registers (89 KB: fits sm_120's and sm_89's 99 KB per block).
+//   with Q in registers (98 KB: fits sm_120's and sm_89's 99 KB per block).
 // - KDTREE_TARGET_SM120 on a CC >= 9.0 device that is not sm_120: the choice an
 //   sm_120 GPU gets (its compute capability, shared-memory limits and threads per SM,
 //   this device's SM count), and a shared-memory request padded so that no more CTAs

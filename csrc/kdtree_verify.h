@@ -43,7 +43,7 @@ extern "C" {
 #define KDTREE_KERNEL_SM90 1     // wgmma, FlashMLA's seesaw schedule (sm_90a only)
 #define KDTREE_KERNEL_MMA 2      // portable mma.sync + cp.async (sm_80 and newer, sm_120)
 #define KDTREE_TILE_SM90_64X64 1       // 64 rows, 64-key blocks, 3 warpgroups, ~218 KB
-#define KDTREE_TILE_MMA_64X32_QREG 2   // 64 rows, 32-key tiles, 8 warps, Q in registers, 89 KB
+#define KDTREE_TILE_MMA_64X32_QREG 2   // 64 rows, 32-key tiles, 8 math + 4 producer warps, Q in registers, 98 KB
 
 // Targets: what the configuration is chosen for.
 #define KDTREE_TARGET_NATIVE 0   // the device itself

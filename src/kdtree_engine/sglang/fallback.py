@@ -317,7 +317,7 @@ def library_status() -> tuple[bool, str, Any]:
 
 
 def library_archs(archs: str) -> tuple[set[int], set[int]]:
-    """Targets named in the library's build info: ("sm_90a,sm_120,compute_120") ->
+    """Targets named in the library's build info: ("sm_90a,sm_120a,compute_120") ->
     ({90, 120} binaries, {120} PTX)."""
     import re
 
