@@ -1,7 +1,7 @@
 """Wheel builds compile the kernel library and ship it inside the package.
 
 ``pip wheel .`` / ``pip install .`` (not editable): ``build_py`` runs
-:func:`kdtree_engine.kernel.build.build` (nvcc, sm_90a and sm_120, static CUDA
+:func:`kdtree_engine.kernel.build.build` (nvcc, sm_90a and sm_120a, static CUDA
 runtime) and puts ``libkdtree_verify.so`` at ``kdtree_engine/_lib/`` in the wheel,
 where :func:`kdtree_engine.kernel.library.load` looks first (after ``KDTREE_LIB``).
 The wheel is then platform-specific and needs no nvcc where it is installed.
