@@ -58,3 +58,52 @@ def test_a_page_without_the_landmarks_is_refused(tmp_path):
     f.write_text(rows([s for s in PROGRAM if "MT88" not in s[0]]))
     with pytest.raises(ValueError, match="landmarks"):
         npz.summarize(npz.read(str(f)))
+
+
+# The tile with a producer warpgroup (entry N1): the math warps' loop starts at their wait on the
+# stage's full mbarrier; the producer's loop (4 warps, half the math warps' count) is a phase of
+# its own, wherever ptxas put it: after the math warps' code (sm_90a) or before it (sm_120a).
+MATH = [
+    ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+URZ+0x16000], R2", 10, 100, 10, 0),  # wait on full
+    ("LDSM.16.M88.4 R8, [R9]", 2, 100, 0, 2),
+    ("HMMA.16816.F32.BF16 R12, R16, R8, R12", 30, 100, 20, 10),
+    ("HMMA.16816.F32.BF16 R12, R20, R8, R12", 10, 100, 10, 0),
+    ("BAR.SYNC.DEFER_BLOCKING 0x1, 0x40", 8, 100, 8, 0),
+    ("MUFU.EX2 R3, R3", 10, 100, 10, 0),
+    ("LDSM.16.MT88.4 R24, [R9]", 5, 100, 0, 5),
+    ("HMMA.16816.F32.BF16 R28, R32, R24, R28", 15, 100, 0, 15),
+    ("STG.E.64 desc[UR4][R6.64], R28", 0, 1, 0, 0),
+    ("EXIT", 0, 1, 0, 0),
+]
+PRODUCER = [
+    ("USETMAXREG.DEALLOC.CTAPOOL 0x18", 1, 1, 1, 0),
+    ("SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR26+0x16010], R4", 3, 50, 3, 0),  # wait on empty
+    ("LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]", 6, 50, 6, 0),
+    ("LDGSTS.E.BYPASS.128 [R2+0x10], desc[UR4][R4.64+0x10]", 4, 50, 4, 0),
+    ("EXIT", 0, 1, 0, 0),
+]
+PROLOGUE = [("LDC R1, c[0x0][0x28]", 4, 1, 4, 0)]
+TRY_ALLOC = [("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", 1, 1, 1, 0)]
+
+
+@pytest.mark.parametrize("program", [PROLOGUE + TRY_ALLOC + MATH + PRODUCER, PROLOGUE + PRODUCER + TRY_ALLOC + MATH],
+                         ids=["producer-after", "producer-before"])
+def test_the_producer_warpgroup_is_a_phase_and_the_loop_starts_at_the_full_wait(tmp_path, program):
+    f = tmp_path / "page.csv"
+    f.write_text(rows(program))
+    out = {p["phase"]: p for p in npz.summarize(npz.read(str(f)))}
+    assert out["loop top + loader"]["instr_per_warp_tile"] == pytest.approx(2.0)  # the wait, one LDSM
+    assert out["S"]["hmma_per_warp_tile"] == 2 and out["PV"]["hmma_per_warp_tile"] == 1
+    prod = out["producer"]
+    assert prod["instr_per_warp_tile"] == pytest.approx(152 / 50)  # per producer warp and tile
+    assert prod["samples_pct"] == pytest.approx(100.0 * 14 / 109)
+    assert prod["stalls"][0][0] == "wait"
+    assert out["prologue"]["samples_pct"] == pytest.approx(100.0 * 5 / 109)  # LDC and TRY_ALLOC only
+    assert sum(p["samples_pct"] for p in out.values()) == pytest.approx(100.0)
+
+
+def test_a_producer_block_around_the_key_loop_is_refused(tmp_path):
+    f = tmp_path / "page.csv"
+    f.write_text(rows(PROLOGUE + PRODUCER[:1] + MATH + TRY_ALLOC))
+    with pytest.raises(ValueError, match="encloses the key loop"):
+        npz.summarize(npz.read(str(f)))

@@ -4,11 +4,15 @@
 
 Input: ``ncu --import R.ncu-rep --page source --csv --print-source sass`` of
 ``verify_attn_kernel_mma_qreg`` (the ``ncu-stalls`` step of tools/gpu_session.sh writes it).
-The key loop is cut into phases by its landmarks: the tile's ``__syncthreads``
-(``BAR.SYNC ... 0x0`` executed once per tile), the S products (HMMAs before the first
-transposed ldmatrix), and the PV products (from the first ``LDSM...MT88`` to the last
-HMMA). For each phase: its share of the warp-state samples, its instructions executed per
-warp and tile, and its top stall reasons. docs/kernel-notes.md (session H) reads it.
+The key loop is cut into phases by its landmarks: the loop top (the tile's ``__syncthreads``,
+``BAR.SYNC ... 0x0``, or, in the tile with a producer warpgroup, the math warps' wait on the
+stage's full mbarrier, ``SYNCS.PHASECHK``: the last of these executed once per tile before the
+first S product), the S products (HMMAs before the first transposed ldmatrix), and the PV
+products (from the first ``LDSM...MT88`` to the last HMMA). The producer warpgroup's code
+(from its ``USETMAXREG.DEALLOC`` to the math warps' ``USETMAXREG.TRY_ALLOC`` or to the end,
+wherever ptxas put it) is a phase of its own, "producer". For each phase: its share of the
+warp-state samples, its instructions executed per warp and tile (the producer's per producer
+warp and tile), and its top stall reasons. docs/kernel-notes.md (sessions H and N) reads it.
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ import csv
 import re
 from collections import Counter
 
-PHASES = ("prologue", "loop top + loader", "S", "exchange + softmax", "PV", "epilogue")
+PHASES = ("prologue", "loop top + loader", "S", "exchange + softmax", "PV", "epilogue", "producer")
 
 
 def opcode(src: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", src.strip()).split(" ")[0]
 
 
-def phases(rows: list[dict]) -> dict[str, tuple[int, int]]:
-    """Index ranges [lo, hi] of each phase in the instruction list."""
+def phases(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
+    """Index ranges [lo, hi] of each phase in the instruction list (the producer's, when the
+    kernel has one, cut out of whichever phase ptxas placed it in)."""
     ex = [int(r["Instructions Executed"] or 0) for r in rows]
     src = [r["Source"] for r in rows]
     peak = max(ex) if ex else 0
@@ -36,18 +41,37 @@ def phases(rows: list[dict]) -> dict[str, tuple[int, int]]:
     def hot(i: int) -> bool:
         return ex[i] >= peak // 2
 
-    top = next((i for i, s in enumerate(src) if "BAR.SYNC" in s and s.strip().endswith("0x0") and hot(i)), None)
     mt = [i for i, s in enumerate(src) if "MT88" in s and hot(i)]
-    if top is None or not mt:
-        raise ValueError("landmarks not found: is this verify_attn_kernel_mma_qreg's SASS page?")
     hm = [i for i, s in enumerate(src) if "HMMA" in s and hot(i)]
+    first_hmma = hm[0] if hm else len(src)
+    tops = [i for i, s in enumerate(src[:first_hmma])
+            if hot(i) and (("BAR.SYNC" in s and s.strip().endswith("0x0")) or "SYNCS.PHASECHK" in s)]
+    if not tops or not mt:
+        raise ValueError("landmarks not found: is this verify_attn_kernel_mma_qreg's SASS page?")
+    top = tops[-1]
     s_h = [i for i in hm if top < i < mt[0]]
     pv_h = [i for i in hm if i > mt[0]]
     if not s_h or not pv_h:
         raise ValueError("no S or PV products between the landmarks")
     s0, s1, p0, p1 = s_h[0], s_h[-1], mt[0], pv_h[-1]
-    return {"prologue": (0, top - 1), "loop top + loader": (top, s0 - 1), "S": (s0, s1),
-            "exchange + softmax": (s1 + 1, p0 - 1), "PV": (p0, p1), "epilogue": (p1 + 1, len(rows) - 1)}
+    out = {"prologue": [(0, top - 1)], "loop top + loader": [(top, s0 - 1)], "S": [(s0, s1)],
+           "exchange + softmax": [(s1 + 1, p0 - 1)], "PV": [(p0, p1)], "epilogue": [(p1 + 1, len(rows) - 1)],
+           "producer": []}
+    dealloc = next((i for i, s in enumerate(src) if "USETMAXREG.DEALLOC" in s), None)
+    if dealloc is not None:
+        end = next((i for i in range(dealloc + 1, len(src)) if "USETMAXREG.TRY_ALLOC" in src[i]), len(src))
+        if dealloc <= p1 < end:
+            raise ValueError("the producer's code (USETMAXREG.DEALLOC .. TRY_ALLOC) encloses the key loop")
+        out["producer"] = [(dealloc, end - 1)]
+        for name in PHASES[:-1]:  # cut [dealloc, end) out of the phase that holds it
+            cut = []
+            for lo, hi in out[name]:
+                if hi < dealloc or lo >= end:
+                    cut.append((lo, hi))
+                else:
+                    cut += [r for r in ((lo, dealloc - 1), (end, hi)) if r[0] <= r[1]]
+            out[name] = cut
+    return out
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -57,8 +81,11 @@ def summarize(rows: list[dict]) -> list[dict]:
     per_tile = max(int(r["Instructions Executed"] or 0) for r in rows)
     out = []
     for name in PHASES:
-        lo, hi = ranges[name]
-        seg = rows[lo:hi + 1]
+        if not ranges[name] and name == "producer":
+            continue
+        seg = [r for lo, hi in ranges[name] for r in rows[lo:hi + 1]]
+        # the producer's warps run their own loop: its hottest instruction is once per producer warp and tile
+        norm = max((int(r["Instructions Executed"] or 0) for r in seg), default=0) if name == "producer" else per_tile
         samples = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in seg)
         stalls = Counter()
         for r in seg:
@@ -69,8 +96,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         for r in seg:
             ops[opcode(r["Source"]).split(".")[0]] += int(r["Instructions Executed"] or 0)
         out.append({"phase": name, "samples_pct": 100.0 * samples / total,
-                    "instr_per_warp_tile": sum(ops.values()) / per_tile,
-                    "hmma_per_warp_tile": ops["HMMA"] / per_tile,
+                    "instr_per_warp_tile": sum(ops.values()) / (norm or 1),
+                    "hmma_per_warp_tile": ops["HMMA"] / (norm or 1),
                     "stalls": [(k, 100.0 * v / st) for k, v in stalls.most_common(3) if v]})
     return out
 
