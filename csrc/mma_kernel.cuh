@@ -63,6 +63,9 @@ constexpr int PASSES = BN / PROWS;
 // (384 threads x 168 at launch = 64,512 = 2 x 128 x 240 + 128 x 24: setmaxnreg.inc waits for
 // registers the pool does not hold, so the sum must fit exactly)
 constexpr int MATH_REGS = 240, PRODUCER_REGS = 24;
+constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;  // what __launch_bounds__(THREADS, 1) leaves each thread
+static_assert(MATH_THREADS * MATH_REGS + PTHREADS * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
+              "setmaxnreg.inc would wait for registers the CTA's pool never holds (entry N1's hang)");
 #ifndef KDTREE_QREG_VBUF
 #define KDTREE_QREG_VBUF 3
 #endif
@@ -76,7 +79,8 @@ static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_key
 
 // Row group rg's two warps are 2 rg and 2 rg + 1: they sit on two SMSPs, and each SMSP holds
 // warps of two row groups, which drift apart once no __syncthreads holds them in step (entry N1:
-// partners w, w + 4 on one SMSP were 0.5-1.5% slower with the producers)
+// partners w, w + 4 on one SMSP were 0.5-1.6% slower on 6 of 8 shapes, level at 23k, 0.4% faster
+// at H128)
 __device__ __forceinline__ int warp_rg(int warp) { return warp >> 1; }
 __device__ __forceinline__ int warp_kh(int warp) { return warp & 1; }
 constexpr int PARTNER_XOR = 1;
