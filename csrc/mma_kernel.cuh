@@ -88,22 +88,17 @@ constexpr int PARTNER_XOR = 1;
 // the two warps of row group rg (64 threads): named barrier rg + 1 (the swap of partial S)
 // and rg + 5 (the slab is free again); 0 is __syncthreads. Immediate ids, so that ptxas
 // reserves 9 barriers, not all 16.
-__device__ __forceinline__ void pair_sync(int rg) {
+template <int ID0>
+__device__ __forceinline__ void pair_bar(int rg) {
   switch (rg) {
-    case 0: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
-    case 1: asm volatile("bar.sync 2, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 3, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
+    case 0: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0) : "memory"); break;
+    case 1: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0 + 1) : "memory"); break;
+    case 2: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0 + 2) : "memory"); break;
+    default: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0 + 3) : "memory"); break;
   }
 }
-__device__ __forceinline__ void slab_sync(int rg) {
-  switch (rg) {
-    case 0: asm volatile("bar.sync 5, 64;\n" ::: "memory"); break;
-    case 1: asm volatile("bar.sync 6, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 7, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 8, 64;\n" ::: "memory"); break;
-  }
-}
+__device__ __forceinline__ void pair_sync(int rg) { pair_bar<1>(rg); }
+__device__ __forceinline__ void slab_sync(int rg) { pair_bar<5>(rg); }
 }  // namespace qreg
 
 __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(const Params p) {
