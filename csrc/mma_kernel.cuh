@@ -56,13 +56,14 @@ constexpr int QR_ROW = 8 * 16;
 // tile off the products' path, because 240 registers hold everything else (ptxas spilled them)
 constexpr int LR_OFF = QR_OFF + BM * QR_ROW;
 constexpr int SMEM = LR_OFF + MATH_THREADS * 8;
-// The producers: 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i); rows per pass
-constexpr int PROWS = PTHREADS / 4;
-constexpr int PASSES = BN / PROWS;
+// The producers: 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i)
 // setmaxnreg moves registers from the producer warpgroup to the math warps
 // (384 threads x 168 at launch = 64,512 = 2 x 128 x 240 + 128 x 24: setmaxnreg.inc waits for
 // registers the pool does not hold, so the sum must fit exactly)
 constexpr int MATH_REGS = 240, PRODUCER_REGS = 24;
+constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;  // what __launch_bounds__(THREADS, 1) leaves each thread
+static_assert(MATH_THREADS * MATH_REGS + PTHREADS * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
+              "setmaxnreg.inc would wait for registers the CTA's pool never holds (entry N1's hang)");
 #ifndef KDTREE_QREG_VBUF
 #define KDTREE_QREG_VBUF 3
 #endif
@@ -71,12 +72,13 @@ constexpr int VBUF = KDTREE_QREG_VBUF;  // V fragment buffers of the PV loop (lo
 static_assert(SMEM == tiles::mma_qreg_bytes(), "tiles.h disagrees with the kernel's layout");
 static_assert(BM * RB <= SLAB_OFF, "Q is staged in the two key stages");
 static_assert(PWARPS == 4, "the producers are one warpgroup (setmaxnreg acts on whole warpgroups)");
-static_assert(BN % PROWS == 0, "producer passes cover the tile's rows");
+static_assert(PTHREADS == 4 * BN, "4 producer threads per key row");
 static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_keys) is one of these tiles");
 
 // Row group rg's two warps are 2 rg and 2 rg + 1: they sit on two SMSPs, and each SMSP holds
 // warps of two row groups, which drift apart once no __syncthreads holds them in step (entry N1:
-// partners w, w + 4 on one SMSP were 0.5-1.5% slower with the producers)
+// partners w, w + 4 on one SMSP were 0.5-1.6% slower on 6 of 8 shapes, level at 23k, 0.4% faster
+// at H128)
 __device__ __forceinline__ int warp_rg(int warp) { return warp >> 1; }
 __device__ __forceinline__ int warp_kh(int warp) { return warp & 1; }
 constexpr int PARTNER_XOR = 1;
@@ -84,22 +86,17 @@ constexpr int PARTNER_XOR = 1;
 // the two warps of row group rg (64 threads): named barrier rg + 1 (the swap of partial S)
 // and rg + 5 (the slab is free again); 0 is __syncthreads. Immediate ids, so that ptxas
 // reserves 9 barriers, not all 16.
-__device__ __forceinline__ void pair_sync(int rg) {
+template <int ID0>
+__device__ __forceinline__ void pair_bar(int rg) {
   switch (rg) {
-    case 0: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
-    case 1: asm volatile("bar.sync 2, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 3, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
+    case 0: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0) : "memory"); break;
+    case 1: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0 + 1) : "memory"); break;
+    case 2: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0 + 2) : "memory"); break;
+    default: asm volatile("bar.sync %0, 64;\n" ::"n"(ID0 + 3) : "memory"); break;
   }
 }
-__device__ __forceinline__ void slab_sync(int rg) {
-  switch (rg) {
-    case 0: asm volatile("bar.sync 5, 64;\n" ::: "memory"); break;
-    case 1: asm volatile("bar.sync 6, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 7, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 8, 64;\n" ::: "memory"); break;
-  }
-}
+__device__ __forceinline__ void pair_sync(int rg) { pair_bar<1>(rg); }
+__device__ __forceinline__ void slab_sync(int rg) { pair_bar<5>(rg); }
 }  // namespace qreg
 
 __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(const Params p) {
@@ -151,17 +148,13 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     for (int tile = t_begin; tile < t_end; ++tile) {
       const int n = tile - t_begin, stage = n & 1;
       if (n >= 2) mbar_wait(empty(stage), ((n >> 1) - 1) & 1);
+      const KeySrc src = key_source(p, tile * BN + prow, L, N, kv_lo, qo_start);
+      const uint32_t dst = smem_u32(smem) + stage * K_BYTES + prow * RB;
+      const uint32_t o0 = static_cast<uint32_t>((sub ^ (prow & 7)) << 4), o1 = o0 ^ 64u;
+      const unsigned char* s8 = reinterpret_cast<const unsigned char*>(src.valid ? src.ptr : p.kv) + 16 * sub;
 #pragma unroll
-      for (int ps = 0; ps < PASSES; ++ps) {
-        const int row = prow + ps * PROWS;
-        const KeySrc src = key_source(p, tile * BN + row, L, N, kv_lo, qo_start);
-        const uint32_t dst = smem_u32(smem) + stage * K_BYTES + row * RB;
-        const uint32_t o0 = static_cast<uint32_t>((sub ^ (row & 7)) << 4), o1 = o0 ^ 64u;
-        const unsigned char* s8 = reinterpret_cast<const unsigned char*>(src.valid ? src.ptr : p.kv) + 16 * sub;
-#pragma unroll
-        for (int i = 0; i < CHUNKS / 4; ++i)
-          cp_async16(dst + 128u * (i >> 1) + ((i & 1) ? o1 : o0), s8 + 64 * i, src.valid);
-      }
+      for (int i = 0; i < CHUNKS / 4; ++i)
+        cp_async16(dst + 128u * (i >> 1) + ((i & 1) ? o1 : o0), s8 + 64 * i, src.valid);
       cp_async_mbar_arrive(full(stage));
     }
     cp_async_wait_all();

@@ -150,31 +150,28 @@ def time_replays(preps: Sequence[Prepared], *, budget_s: float = 0.25, min_reps:
     session L). Figure per runner: the median replay / calls. A failure ends the graph figure
     of every runner not timed yet (their eager figures stand)."""
     live = [p for p in preps if p.graph is not None and not p.timed]
-    want: dict[int, int] = {}
-    times: dict[int, list[float]] = {}
+    times: list[list[float]] = [[] for _ in live]  # times[i]: live[i]'s replays
     try:
-        for p in live:
-            want[id(p)] = _reps(budget_s, timed_ms(p.graph.replay), min_reps, max_reps)
-            times[id(p)] = []
+        want = [_reps(budget_s, timed_ms(p.graph.replay), min_reps, max_reps) for p in live]
         rnd = 0
         while True:
-            order = live if rnd % 2 == 0 else live[::-1]
-            todo = [p for p in order if len(times[id(p)]) < want[id(p)]]
+            order = range(len(live)) if rnd % 2 == 0 else range(len(live) - 1, -1, -1)
+            todo = [i for i in order if len(times[i]) < want[i]]
             if not todo:
                 break
-            for p in todo:
-                times[id(p)].append(timed_ms(p.graph.replay))
+            for i in todo:
+                times[i].append(timed_ms(live[i].graph.replay))
             rnd += 1
     except Exception as e:
         for p in live:
             p.timed = True
             _graph_failed(p, e)
         return
-    for p in live:
+    for p, t in zip(live, times, strict=True):
         p.timed = True
-        p.m.replay_reps = len(times[id(p)])
-        p.m.samples["replay_ms"] = times[id(p)]
-        p.m.replay_us = _median(times[id(p)]) * 1e3 / p.m.calls
+        p.m.replay_reps = len(t)
+        p.m.samples["replay_ms"] = t
+        p.m.replay_us = _median(t) * 1e3 / p.m.calls
 
 
 def time_eager(p: Prepared, *, budget_s: float = 0.25, min_reps: int = 3, max_reps: int = 100) -> None:
