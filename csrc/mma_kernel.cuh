@@ -82,6 +82,9 @@ static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_key
 __device__ __forceinline__ int warp_rg(int warp) { return warp >> 1; }
 __device__ __forceinline__ int warp_kh(int warp) { return warp & 1; }
 constexpr int PARTNER_XOR = 1;
+#ifndef KDTREE_QREG_SLAB_FREE
+#define KDTREE_QREG_SLAB_FREE 0
+#endif
 
 // the two warps of row group rg (64 threads): named barrier rg + 1 (the swap of partial S)
 // and rg + 5 (the slab is free again); 0 is __syncthreads. Immediate ids, so that ptxas
@@ -121,6 +124,9 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     mbar_init(full(1), PTHREADS);
     mbar_init(empty(0), MATH_THREADS);  // every math thread is done with the stage
     mbar_init(empty(1), MATH_THREADS);
+#if KDTREE_QREG_SLAB_FREE == 2
+    for (int i = 0; i < WARPS; ++i) mbar_init(bars + 32u + 8u * i, 32);
+#endif
     fence_mbar_init();
   }
   // ---- Q: BM rows x 72 chunks staged in the key stages (all threads) ----
@@ -139,10 +145,27 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   cp_async_wait_all();
   __syncthreads();
 
+  // The math warps take their Q fragments from the staged rows. Both roles then meet at one
+  // __syncthreads, after which the stages take keys: a __syncthreads reached from two call sites
+  // (one per role) is undefined for the aligned bar.sync it compiles to, and synccheck failed the
+  // kernel on it ("Divergent thread(s) in block", entry O1).
+  const int rg = warp_rg(warp), kh = warp_kh(warp);
+  const int g = lane >> 2, tq = lane & 3;
+  uint32_t qf[NOPE_STEPS][4];  // A fragments: rows rg*16.., dimensions kh*256 + 16k ..
+  const int qrow = rg * 16 + (lane & 15);
+  if (warp < WARPS) {
+    const uint32_t qs = smem_u32(smem);
+#pragma unroll
+    for (int k = 0; k < NOPE_STEPS; ++k) ldsm_x4(qs + swz(qrow, step_chunk(kh, k) + (lane >> 4)), qf[k][0], qf[k][1], qf[k][2], qf[k][3]);
+  }
+  // rope steps 16, 17: chunks 4 kh + 2 (k - 16) + (lane >> 4) of QR; (c ^ x) differs from c in its low
+  // 3 bits only, and c + 2 = c ^ 2 here (c even in its pair), so step 17's address is step 16's ^ 32
+  const uint32_t qr_addr = smem_u32(smem + QR_OFF) + qrow * QR_ROW + (((4 * kh + (lane >> 4)) ^ (qrow & 7)) << 4);
+  __syncthreads();  // every math warp holds its fragments: the stages take keys now
+
   if (warp >= WARPS) {
     // ---------------- producer: every key tile into its stage, a tile ahead ----------------
     setmaxnreg_dec<PRODUCER_REGS>();
-    __syncthreads();  // the math warps hold their Q fragments: the stages take keys now
     const int ptid = tid - MATH_THREADS, prow = ptid >> 2, sub = ptid & 3;
     // chunk sub + 4 i of row r sits at ((sub + 4 i) ^ (r & 7)): 128 (i >> 1) + 16 (sub ^ x ^ 4 (i & 1))
     for (int tile = t_begin; tile < t_end; ++tile) {
@@ -162,20 +185,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   }
 
   // ---------------- math warps ----------------
-  const int rg = warp_rg(warp), kh = warp_kh(warp);
-  const int g = lane >> 2, tq = lane & 3;
-  uint32_t qf[NOPE_STEPS][4];  // A fragments: rows rg*16.., dimensions kh*256 + 16k ..
-  const int qrow = rg * 16 + (lane & 15);
-  {
-    const uint32_t qs = smem_u32(smem);
-#pragma unroll
-    for (int k = 0; k < NOPE_STEPS; ++k) ldsm_x4(qs + swz(qrow, step_chunk(kh, k) + (lane >> 4)), qf[k][0], qf[k][1], qf[k][2], qf[k][3]);
-  }
-  // rope steps 16, 17: chunks 4 kh + 2 (k - 16) + (lane >> 4) of QR; (c ^ x) differs from c in its low
-  // 3 bits only, and c + 2 = c ^ 2 here (c even in its pair), so step 17's address is step 16's ^ 32
-  const uint32_t qr_addr = smem_u32(smem + QR_OFF) + qrow * QR_ROW + (((4 * kh + (lane >> 4)) ^ (qrow & 7)) << 4);
   setmaxnreg_inc<MATH_REGS>();
-  __syncthreads();  // every warp holds its fragments: the stages take keys now
 
   float acc[128];  // O: n8 block i of this warp's 256 columns in acc[4i .. 4i+3] (mma C layout)
 #pragma unroll
@@ -236,7 +246,13 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
       }
     }
     // ---- swap partials with the partner warp: both then hold the same full S ----
+#if KDTREE_QREG_SLAB_FREE == 1
+    if (n > 0) asm volatile("bar.sync %0, 64;\n" ::"r"(5 + warp) : "memory");
+#elif KDTREE_QREG_SLAB_FREE == 2
+    if (n > 0) mbar_wait(bars + 32u + 8u * warp, (n - 1) & 1);
+#else
     if (n > 0) slab_sync(rg);  // the partner has read the last tile's partial
+#endif
 #pragma unroll
     for (int j = 0; j < 4; ++j) mine[j * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
     pair_sync(rg);
@@ -245,6 +261,11 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
       const float4 v = theirs[j * 32 + lane];
       s[j][0] += v.x; s[j][1] += v.y; s[j][2] += v.z; s[j][3] += v.w;
     }
+#if KDTREE_QREG_SLAB_FREE == 1
+    asm volatile("bar.arrive %0, 64;\n" ::"r"(5 + (warp ^ PARTNER_XOR)) : "memory");
+#elif KDTREE_QREG_SLAB_FREE == 2
+    mbar_arrive(bars + 32u + 8u * (warp ^ PARTNER_XOR));
+#endif
     // ---- scale, mask, online softmax (lazy maximum) for rows g, g + 8 ----
     // (the mask's whereabouts are re-derived in the rare tiles that reach the drafts:
     // registers are what this tile is short of)
@@ -347,6 +368,9 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     mbar_arrive(empty(stage));  // this thread's reads of the stage are done
   }
 
+#if KDTREE_QREG_SLAB_FREE == 1
+  if (t_end > t_begin) asm volatile("bar.sync %0, 64;\n" ::"r"(5 + warp) : "memory");  // the partner's last arrive
+#endif
   const float2 l_fin = *l_sm;
   float l_run[2] = {l_fin.x, l_fin.y};
 
