@@ -61,8 +61,10 @@ for step in "$@"; do
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
-    sanitize) timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_case.py;
-              timeout 240 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_case.py ;;
+    sanitize) # memcheck, racecheck, then synccheck (named barriers, __syncwarp) over the six cases in one process
+              timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_case.py;
+              timeout 240 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_case.py;
+              timeout 240 compute-sanitizer --tool synccheck --print-limit 20 python3 tools/sanitize_case.py ;;
     racecheck) # issue 16 (docs/kernel-notes.md, "Issue 16: racecheck and the hand-off of the row maxima"):
                # tools/racecheck_min.cu, the sm90 kernel's hand-off of the row maxima alone, built here with nvcc
                # (else RACECHECK_BIN, default build/lib/racecheck_min: built on the CPU machine and carried), each

@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from kdtree_engine.kernel import library
 from kdtree_engine.kernel.op import verify_attention
 from kdtree_engine.oracle import workloads
 
@@ -24,6 +25,9 @@ CASES = (([70, 0, 33], [7, 3, 16], 8, None, "fragmented"), ([300], [16], 8, 5, "
          # a GPU-filling grid over a prefix that takes 8 splits: the wide combine's few-split path
          ([1000], [16], 8, 64, "fragmented"))
 picked = [int(a) for a in sys.argv[1:]] or range(len(CASES))
+# which kernel and tile the sanitizer sees (KDTREE_TARGET=sm_120: the emulated sm_120 tile)
+lib = library.load()
+print(f"sanitize_case: library {lib.path}, kernel {lib.kernel_name(torch.cuda.current_device())}")
 for i in picked:
     lens, ns, h, splits, layout = CASES[i]
     b = workloads.make_batch(lens, ns, h, tree="eagle", seed=5, device="cuda", layout=layout)
