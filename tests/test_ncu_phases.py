@@ -107,3 +107,26 @@ def test_a_producer_block_around_the_key_loop_is_refused(tmp_path):
     f.write_text(rows(PROLOGUE + PRODUCER[:1] + MATH + TRY_ALLOC))
     with pytest.raises(ValueError, match="encloses the key loop"):
         npz.summarize(npz.read(str(f)))
+
+
+def test_a_busy_wait_retry_loop_does_not_set_the_tile_count(tmp_path):
+    """The mbarrier wait's retry (ptxas puts it out of line, at the end) runs once per poll: a page
+    whose busiest instruction is that poll is still cut at the products (session O's GPU page was
+    refused before this)."""
+    retry = [("SYNCS.PHASECHK.TRANS64 P0, [R1+URZ+0x16000], R2", 40, 5000, 40, 0), ("BRA 0x100", 0, 5000, 0, 0)]
+    f = tmp_path / "page.csv"
+    f.write_text(rows(PROLOGUE + TRY_ALLOC + MATH + PRODUCER + retry))
+    out = {p["phase"]: p for p in npz.summarize(npz.read(str(f)))}
+    assert out["S"]["hmma_per_warp_tile"] == 2 and out["PV"]["hmma_per_warp_tile"] == 1
+    assert out["loop top + loader"]["instr_per_warp_tile"] == pytest.approx(2.0)
+
+
+def test_the_producers_wait_is_never_the_math_warps_loop_top(tmp_path):
+    """With the producer's code placed before the math warps' (sm_120a), its wait on the empty
+    mbarrier comes before the first product and runs as often: it is not taken for the loop top."""
+    prod = [(s, smp, 100 if "PHASECHK" in s else ex, wt, sb) for s, smp, ex, wt, sb in PRODUCER]
+    math = [m for m in MATH if "PHASECHK" not in m[0]]  # no loop top of the math warps' own
+    f = tmp_path / "page.csv"
+    f.write_text(rows(PROLOGUE + prod + TRY_ALLOC + math))
+    with pytest.raises(ValueError, match="landmarks"):
+        npz.summarize(npz.read(str(f)))

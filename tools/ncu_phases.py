@@ -34,9 +34,16 @@ def phases(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
     kernel has one, cut out of whichever phase ptxas placed it in)."""
     ex = [int(r["Instructions Executed"] or 0) for r in rows]
     src = [r["Source"] for r in rows]
-    peak = max(ex) if ex else 0
-    if not peak:
-        raise ValueError("no executed instructions in the source page")
+    peak = tile_count(rows)
+    dealloc = next((i for i, s in enumerate(src) if "USETMAXREG.DEALLOC" in s), None)
+    p_end = None if dealloc is None else next(
+        (i for i in range(dealloc + 1, len(src)) if "USETMAXREG.TRY_ALLOC" in src[i]), len(src))
+
+    def producers(i: int) -> bool:
+        return dealloc is not None and dealloc <= i < p_end
+
+    if any(producers(i) and "HMMA" in src[i] and ex[i] for i in range(len(src))):
+        raise ValueError("the producer's code (USETMAXREG.DEALLOC .. TRY_ALLOC) encloses the key loop")
 
     def hot(i: int) -> bool:
         return ex[i] >= peak // 2
@@ -45,7 +52,7 @@ def phases(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
     hm = [i for i, s in enumerate(src) if "HMMA" in s and hot(i)]
     first_hmma = hm[0] if hm else len(src)
     tops = [i for i, s in enumerate(src[:first_hmma])
-            if hot(i) and (("BAR.SYNC" in s and s.strip().endswith("0x0")) or "SYNCS.PHASECHK" in s)]
+            if hot(i) and not producers(i) and (("BAR.SYNC" in s and s.strip().endswith("0x0")) or "SYNCS.PHASECHK" in s)]
     if not tops or not mt:
         raise ValueError("landmarks not found: is this verify_attn_kernel_mma_qreg's SASS page?")
     top = tops[-1]
@@ -57,9 +64,8 @@ def phases(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
     out = {"prologue": [(0, top - 1)], "loop top + loader": [(top, s0 - 1)], "S": [(s0, s1)],
            "exchange + softmax": [(s1 + 1, p0 - 1)], "PV": [(p0, p1)], "epilogue": [(p1 + 1, len(rows) - 1)],
            "producer": []}
-    dealloc = next((i for i, s in enumerate(src) if "USETMAXREG.DEALLOC" in s), None)
     if dealloc is not None:
-        end = next((i for i in range(dealloc + 1, len(src)) if "USETMAXREG.TRY_ALLOC" in src[i]), len(src))
+        end = p_end
         if dealloc <= p1 < end:
             raise ValueError("the producer's code (USETMAXREG.DEALLOC .. TRY_ALLOC) encloses the key loop")
         out["producer"] = [(dealloc, end - 1)]
@@ -74,11 +80,20 @@ def phases(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def tile_count(rows: list[dict]) -> int:
+    """How often one instruction of the key loop runs: the products' count (once per math warp and
+    tile). Not the page's busiest instruction: an mbarrier wait's retry loop runs once per poll."""
+    peak = max((int(r["Instructions Executed"] or 0) for r in rows if "HMMA" in r["Source"]), default=0)
+    if not peak:
+        raise ValueError("no executed HMMA in the source page: is this verify_attn_kernel_mma_qreg's SASS page?")
+    return peak
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     ranges = phases(rows)
     stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
     total = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
-    per_tile = max(int(r["Instructions Executed"] or 0) for r in rows)
+    per_tile = tile_count(rows)
     out = []
     for name in PHASES:
         if not ranges[name] and name == "producer":
