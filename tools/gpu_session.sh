@@ -2,7 +2,8 @@
 # One GPU-host session: unpack the carried bundle, check the carried library
 # loads (else build it there), then run the steps named. Evidence goes to
 # /tmp/ev, bench reports to /tmp/bench; everything comes back as
-# $OUT/results.tgz (the device tool returns at most 8 files).
+# $OUT/results.tgz (the device tool returns at most 8 files from $OUT, results.tgz among
+# them: session O's first call put 10 there and lost results.tgz).
 #   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
