@@ -64,18 +64,15 @@ def phases(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
     out = {"prologue": [(0, top - 1)], "loop top + loader": [(top, s0 - 1)], "S": [(s0, s1)],
            "exchange + softmax": [(s1 + 1, p0 - 1)], "PV": [(p0, p1)], "epilogue": [(p1 + 1, len(rows) - 1)],
            "producer": []}
-    if dealloc is not None:
-        end = p_end
-        if dealloc <= p1 < end:
-            raise ValueError("the producer's code (USETMAXREG.DEALLOC .. TRY_ALLOC) encloses the key loop")
-        out["producer"] = [(dealloc, end - 1)]
-        for name in PHASES[:-1]:  # cut [dealloc, end) out of the phase that holds it
+    if dealloc is not None:  # (no executed product lies in [dealloc, p_end): checked above)
+        out["producer"] = [(dealloc, p_end - 1)]
+        for name in PHASES[:-1]:  # cut [dealloc, p_end) out of the phase that holds it
             cut = []
             for lo, hi in out[name]:
-                if hi < dealloc or lo >= end:
+                if hi < dealloc or lo >= p_end:
                     cut.append((lo, hi))
                 else:
-                    cut += [r for r in ((lo, dealloc - 1), (end, hi)) if r[0] <= r[1]]
+                    cut += [r for r in ((lo, dealloc - 1), (p_end, hi)) if r[0] <= r[1]]
             out[name] = cut
     return out
 
