@@ -360,13 +360,10 @@ def test_a_replay_fault_leaves_every_set_without_a_graph_figure(fake_cuda):
         assert p.m.replay_us is None and "simulated replay fault" in p.m.graph_error and p.graph is None
 
 
-def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch, tmp_path):
-    """Through the gate: the owned kernel's systems' replays are timed together (each still checked
-    against the reference, eager figures kept) and the peers after them, each alone."""
+def _replay_groups(monkeypatch) -> list[int]:
+    """The size of each group of replays timing.time_replays is given, appended as it is called."""
     from kdtree_engine.bench import timing
 
-    _suite(monkeypatch, (), systems=("ours", "ours-sm120", "sglang-extend", "flashmla"))
-    fake_cuda["flashmla"]._missing = None  # importable here: a peer, timed alone like SGLang's
     groups: list[int] = []
     real = timing.time_replays
 
@@ -375,6 +372,15 @@ def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch,
         return real(preps, **kw)
 
     monkeypatch.setattr(timing, "time_replays", spy)
+    return groups
+
+
+def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch, tmp_path):
+    """Through the gate: the owned kernel's systems' replays are timed together (each still checked
+    against the reference, eager figures kept) and the peers after them, each alone."""
+    _suite(monkeypatch, (), systems=("ours", "ours-sm120", "sglang-extend", "flashmla"))
+    fake_cuda["flashmla"]._missing = None  # importable here: a peer, timed alone like SGLang's
+    groups = _replay_groups(monkeypatch)
     code, rec = _run(tmp_path)
     # per case: one group of the owned kernel's four sets, then the peers' (extend tree and
     # chain, FlashMLA chain), each alone
@@ -385,6 +391,26 @@ def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch,
         ("sglang-extend", "tree"), ("sglang-extend", "chain"), ("flashmla", "chain")]
     for r in rows:
         assert r["status"] == "ok" and r["replay_us"] > 0 and r["eager_us"] > 0 and r["replay_reps"] >= 3, r
+
+
+@pytest.mark.parametrize("together,groups", [
+    ((), [1, 1, 1, 1]),  # every system alone, one after another
+    (("ours",), [2, 1, 1]),  # ours' two masks interleaved, the emulation alone after them
+])
+def test_run_case_times_the_group_it_is_given(fake_cuda, monkeypatch, together, groups):
+    """run_case's side_by_side names the interleaved group (tools/ab_bench.py passes its own);
+    the module's default group is left as it was."""
+    from kdtree_engine.bench import gate
+
+    default = gate.SIDE_BY_SIDE
+    seen = _replay_groups(monkeypatch)
+    systems = ("ours", "ours-sm120")
+    out: list = []
+    gate.run_case(TINY[0], systems, {s: fake_cuda[s] for s in systems}, {}, 200_000, 0, out, side_by_side=together)
+    assert seen == groups
+    assert [(r.system, r.mask, r.status) for r in out] == [
+        ("ours", "tree", "ok"), ("ours", "chain", "ok"), ("ours-sm120", "tree", "ok"), ("ours-sm120", "chain", "ok")]
+    assert gate.SIDE_BY_SIDE == default
 
 
 def test_a_fatal_fault_while_flushing_marks_the_waiting_side_by_side_runs_not_timed(fake_cuda, monkeypatch):

@@ -80,13 +80,15 @@ def test_ab_bench_alone_is_an_empty_side_by_side_group(monkeypatch, argv, togeth
     from kdtree_engine.bench import gate
 
     mod = load_tool("ab_bench")
-    monkeypatch.setattr(gate, "SIDE_BY_SIDE", gate.SIDE_BY_SIDE)  # the tool sets it; put back after
+    default = gate.SIDE_BY_SIDE
     monkeypatch.setattr(mod, "PEERS", {s: types.SimpleNamespace(check=lambda: None) for s in mod.PEERS})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=0))
     seen = []
-    monkeypatch.setattr(gate, "run_case", lambda case, systems, *a: seen.append((case.name, systems, gate.SIDE_BY_SIDE)))
+    monkeypatch.setattr(gate, "run_case", lambda case, systems, *a, side_by_side: seen.append((case.name, systems, side_by_side)))
     monkeypatch.setattr("sys.argv", ["ab_bench.py", "--label", "x", "--cases", "bs1-N16-H8-L4096",
                                      "--systems", "ours,ours-sm120", *argv])
     assert mod.main() == 0
     assert seen == [("bs1-N16-H8-L4096", ("ours", "ours-sm120"), together)]
+    assert gate.SIDE_BY_SIDE == default  # the tool passes its group; the bench's is untouched
+

@@ -72,8 +72,8 @@ def main() -> int:
     if bad:
         print(f"--side-by-side: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
         return 2
-    if args.side_by_side is not None:
-        gate.SIDE_BY_SIDE = together
+    if args.side_by_side is None:
+        together = gate.SIDE_BY_SIDE
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -83,7 +83,7 @@ def main() -> int:
         case = dataclasses.replace(known[name], masks=tuple(m for m in masks if m in known[name].masks),
                                    layout=args.layout or known[name].layout)
         out: list = []
-        gate.run_case(case, systems, peers, missing, l2, gate.case_seed(case, args.seed), out)
+        gate.run_case(case, systems, peers, missing, l2, gate.case_seed(case, args.seed), out, side_by_side=together)
         for r in out:
             us = f"{r.replay_us:8.2f}" if r.replay_us is not None else "     n/a"
             print(f"| {args.label} | {r.case} | {r.system} | {r.mask} | {us} | {r.status} |", flush=True)
@@ -91,7 +91,7 @@ def main() -> int:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"label": args.label, "case": r.case, "system": r.system, "mask": r.mask,
                                         "layout": case.layout, "us": r.replay_us, "status": r.status,
-                                        "side_by_side": list(gate.SIDE_BY_SIDE)}) + "\n")
+                                        "side_by_side": list(together)}) + "\n")
     return 0
 
 

@@ -88,9 +88,12 @@ def _worst_check(checks: list[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 
 def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missing: dict[str, str],
-             l2_bytes: int, seed: int, out: list[Result]) -> None:
+             l2_bytes: int, seed: int, out: list[Result],
+             side_by_side: tuple[str, ...] = SIDE_BY_SIDE) -> None:
     """Build the inputs of one case and time every system on it, appending to ``out``
-    (so that the figures taken before a fatal CUDA fault are kept)."""
+    (so that the figures taken before a fatal CUDA fault are kept). The systems named in
+    ``side_by_side`` have their replays timed together in interleaved rounds, the others alone
+    after them (the bench's group by default; tools/ab_bench.py passes its own)."""
     import torch
 
     from kdtree_engine.bench import data, timing
@@ -145,8 +148,8 @@ def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missin
     # and then their eager figures; then the peers, each alone. No name here holds a system's
     # runners (they hold its GPU tensors): a peer's go when timing.measure returns, before the
     # next system is prepared; a side-by-side system's go with its pending entry.
-    together = [(s, m) for s, m in plan if s in SIDE_BY_SIDE]
-    alone = [(s, m) for s, m in plan if s not in SIDE_BY_SIDE]
+    together = [(s, m) for s, m in plan if s in side_by_side]
+    alone = [(s, m) for s, m in plan if s not in side_by_side]
     pending: list[tuple[str, str, timing.Prepared]] = []
 
     def flush() -> None:
