@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -92,3 +93,24 @@ def test_ab_bench_alone_is_an_empty_side_by_side_group(monkeypatch, argv, togeth
     assert seen == [("bs1-N16-H8-L4096", ("ours", "ours-sm120"), together)]
     assert gate.SIDE_BY_SIDE == default  # the tool passes its group; the bench's is untouched
 
+
+@pytest.mark.parametrize("text", ["12", "12,0,1", "sm_120", "12,x", ""])
+def test_ab_bench_sglang_capability_refuses_what_is_not_major_minor(text):
+    mod = load_tool("ab_bench")
+    with pytest.raises(ValueError, match=r"--sglang-capability: expected MAJOR,MINOR"):
+        mod.parse_capability(text)
+
+
+def test_ab_bench_sglang_capability_sets_what_the_block_choice_reads(monkeypatch):
+    """The extend kernel's block choice reads its module's CUDA_CAPABILITY at each call: the
+    tool sets that global, and the choice it prints is the one the module now makes."""
+    mod = load_tool("ab_bench")
+    fake = types.ModuleType(mod.EXTEND_MODULE)
+    fake.CUDA_CAPABILITY = (9, 0)
+    fake._get_block_sizes_for_extend_attention = lambda lq, lv: (512, 64, 512) + (
+        (32, 32, 8) if fake.CUDA_CAPABILITY[0] == 12 else (32, 64, 8))
+    monkeypatch.setitem(sys.modules, mod.EXTEND_MODULE, fake)
+    assert mod.parse_capability("12,0") == (12, 0)
+    assert mod.extend_blocks()[3:5] == (32, 64)
+    assert mod.set_sglang_capability((12, 0)) == (9, 0)
+    assert fake.CUDA_CAPABILITY == (12, 0) and mod.extend_blocks()[3:5] == (32, 32)

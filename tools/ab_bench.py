@@ -9,6 +9,10 @@ named cases and systems run, and nothing is recorded as evidence. It is for comp
 kernel variants side by side in one device call (step `ab-bench` of tools/gpu_session.sh);
 `nox -s bench` stays the measurement of record. `--layout` times the cases with another slot
 layout than the suite's (e.g. contiguous: what the gather costs against the TMA fast path).
+`--sglang-capability 12,0` makes SGLang's extend kernel take the block sizes it takes on a GPU
+of that compute capability (its `_get_block_sizes_for_extend_attention` reads the module's
+`CUDA_CAPABILITY`: BLOCK_M x BLOCK_N 32 x 32 for the 576-wide MLA query on sm_120, 32 x 64 on
+sm_90). It still runs on this GPU, with this GPU's shared memory and occupancy.
 """
 
 from __future__ import annotations
@@ -22,6 +26,34 @@ from kdtree_engine.bench import gate, suites
 from kdtree_engine.bench.data import DEFAULT_L2_BYTES
 from kdtree_engine.bench.peers import PEERS
 from kdtree_engine.oracle import workloads
+
+EXTEND_MODULE = "sglang.kernels.ops.attention.extend_attention"
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """'12,0' -> (12, 0); anything else is a ValueError naming the flag and what came."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(x.strip().isdigit() for x in parts):
+        raise ValueError(f"--sglang-capability: expected MAJOR,MINOR (e.g. 12,0), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def set_sglang_capability(cap: tuple[int, int]) -> tuple[int, int] | None:
+    """Make SGLang's extend kernel choose its blocks as on a GPU of capability ``cap``;
+    returns the capability the module held before (None: it held none)."""
+    import importlib
+
+    mod = importlib.import_module(EXTEND_MODULE)
+    before = getattr(mod, "CUDA_CAPABILITY", None)
+    mod.CUDA_CAPABILITY = tuple(cap)
+    return before
+
+
+def extend_blocks() -> tuple:
+    """The block sizes SGLang's extend kernel takes now for the 576-wide MLA query, 512-wide V."""
+    import importlib
+
+    return importlib.import_module(EXTEND_MODULE)._get_block_sizes_for_extend_attention(576, 512)
 
 
 def main() -> int:
@@ -42,6 +74,9 @@ def main() -> int:
     ap.add_argument("--side-by-side", default=None, metavar="SYSTEMS",
                     help="comma list: the systems whose replays are timed in interleaved rounds (default: the "
                          "bench's, gate.SIDE_BY_SIDE)")
+    ap.add_argument("--sglang-capability", default=None, metavar="MAJOR,MINOR",
+                    help="SGLang's extend kernel takes the block sizes of this compute capability "
+                         "(e.g. 12,0: sm_120's), on this GPU")
     args = ap.parse_args()
 
     import torch
@@ -62,6 +97,13 @@ def main() -> int:
     if args.layout is not None and args.layout not in workloads.LAYOUTS:
         print(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
         return 2
+    cap = None
+    if args.sglang_capability is not None:
+        try:
+            cap = parse_capability(args.sglang_capability)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
     if args.alone and args.side_by_side is not None:
         print("--alone and --side-by-side: give one of them", file=sys.stderr)
         return 2
@@ -74,6 +116,10 @@ def main() -> int:
         return 2
     if args.side_by_side is None:
         together = gate.SIDE_BY_SIDE
+    if cap is not None:
+        before = set_sglang_capability(cap)
+        print(f"sglang extend: capability {cap} (was {before}); (BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_M, "
+              f"BLOCK_N, num_warps) for MLA: {extend_blocks()}", flush=True)
     peers = {s: PEERS[s] for s in systems}
     missing = {s: why for s in systems if (why := peers[s].check())}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -91,7 +137,8 @@ def main() -> int:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"label": args.label, "case": r.case, "system": r.system, "mask": r.mask,
                                         "layout": case.layout, "us": r.replay_us, "status": r.status,
-                                        "side_by_side": list(together)}) + "\n")
+                                        "side_by_side": list(together),
+                                        "sglang_capability": list(cap) if cap else None}) + "\n")
     return 0
 
 
