@@ -56,6 +56,8 @@ constexpr int QR_ROW = 8 * 16;
 // Each math thread's two running row sums (fp32): in shared memory, read and written once per
 // tile off the products' path, because 240 registers hold everything else (ptxas spilled them)
 constexpr int LR_OFF = QR_OFF + BM * QR_ROW;
+constexpr int Q_TPR = THREADS / BM;  // threads per Q row while Q is staged (6)
+static_assert(THREADS % BM == 0 && CHUNKS % Q_TPR == 0, "Q's staging gives each row whole threads and each thread whole chunks");
 constexpr int SMEM = LR_OFF + MATH_THREADS * 8;
 // The producers: 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i)
 // setmaxnreg moves registers from the producer warpgroup to the math warps
@@ -133,17 +135,23 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     mbar_init(empty(1), MATH_THREADS);
     fence_mbar_init();
   }
-  // ---- Q: BM rows x 72 chunks staged in the key stages (all threads) ----
-  for (int c = tid; c < BM * CHUNKS; c += THREADS) {
-    const int r = c / CHUNKS, ch = c % CHUNKS;
+  // ---- Q: BM rows x 72 chunks staged in the key stages (all threads): Q_TPR threads per row,
+  // chunks sub + Q_TPR j, so that a thread divides by H once (a division per chunk was ~70
+  // instructions of the staging loop's 12 iterations, entry P3) and each row's 6 threads copy
+  // 96 contiguous bytes per iteration ----
+  {
+    const int r = tid / Q_TPR, sub = tid % Q_TPR;
     const int rr = r0 + r;
     const bool ok = rr < rows;
     const int tok = ok ? rr / H : 0, head = ok ? rr % H : 0;
-    const __nv_bfloat16* src = p.q + static_cast<int64_t>(qo_start + tok) * p.q_st +
-                               static_cast<int64_t>(head) * p.q_sh + ch * 8;
-    const uint32_t dst = ch < 64 ? smem_u32(smem) + swz(r, ch)
-                                 : smem_u32(smem + QR_OFF) + r * QR_ROW + (((ch - 64) ^ (r & 7)) << 4);
-    cp_async16(dst, ok ? src : p.q, ok);
+    const __nv_bfloat16* src = ok ? p.q + static_cast<int64_t>(qo_start + tok) * p.q_st + static_cast<int64_t>(head) * p.q_sh : p.q;
+    const uint32_t qs = smem_u32(smem), rope = smem_u32(smem + QR_OFF) + r * QR_ROW;
+#pragma unroll
+    for (int j = 0; j < CHUNKS / Q_TPR; ++j) {
+      const int ch = sub + Q_TPR * j;
+      const uint32_t dst = ch < 64 ? qs + swz(r, ch) : rope + (((ch - 64) ^ (r & 7)) << 4);
+      cp_async16(dst, ok ? src + ch * 8 : p.q, ok);
+    }
   }
   cp_async_commit();
   cp_async_wait_all();
