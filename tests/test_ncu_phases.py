@@ -130,3 +130,17 @@ def test_the_producers_wait_is_never_the_math_warps_loop_top(tmp_path):
     f.write_text(rows(PROLOGUE + prod + TRY_ALLOC + math))
     with pytest.raises(ValueError, match="landmarks"):
         npz.summarize(npz.read(str(f)))
+
+
+def test_outside_the_loop_groups_by_how_often_an_instruction_ran(tmp_path):
+    """A prologue loop (6 iterations of each of 100 warps' copies) is one group, apart from the
+    code run once per warp; nothing of the key loop is in the table."""
+    loop = [("IMAD.HI R5, R14, 0x38e38e39, RZ", 5, 600, 5, 0), ("MUFU.RCP R16, R16", 7, 600, 7, 0),
+            ("LDGSTS.E.BYPASS.128 [R15], desc[UR16][R12.64]", 3, 600, 0, 3)]
+    f = tmp_path / "page.csv"
+    f.write_text(rows(PROGRAM[:1] + loop + PROGRAM[1:]))
+    out = npz.outside_loop(npz.read(str(f)))
+    assert [(g["executed"], g["instructions"]) for g in out] == [(600, 3), (1, 2)]
+    assert out[0]["samples_pct"] == pytest.approx(100.0 * 15 / 115)
+    assert out[0]["stalls"][0] == ("wait", pytest.approx(100.0 * 12 / 15))
+    assert out[1]["samples_pct"] == pytest.approx(100.0 * 4 / 115)  # LDC and the epilogue's STG

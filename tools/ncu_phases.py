@@ -13,6 +13,11 @@ products (from the first ``LDSM...MT88`` to the last HMMA). The producer warpgro
 wherever ptxas put it) is a phase of its own, "producer". For each phase: its share of the
 warp-state samples, its instructions executed per warp and tile (the producer's per producer
 warp and tile), and its top stall reasons. docs/kernel-notes.md (sessions H and N) reads it.
+
+A second table takes the code outside the key loop (the prologue and the epilogue: what each CTA
+pays once, whatever its tile count) and groups its instructions by how often each ran, so that a
+loop of the prologue shows as one group of its own (entry P2 found the sm_120 tile's Q staging
+that way: 6 iterations per warp, 2.55% of the samples at bs1 N16 H8 91k).
 """
 
 from __future__ import annotations
@@ -86,6 +91,17 @@ def tile_count(rows: list[dict]) -> int:
     return peak
 
 
+def _samples(seg: list[dict], stall_cols: list[str], top: int) -> tuple[float, list[tuple[str, float]]]:
+    """A run of instructions' samples, and its ``top`` stall reasons as % of their samples."""
+    stalls = Counter()
+    for r in seg:
+        for c in stall_cols:
+            stalls[c[len("stall_"):]] += float(r[c] or 0)
+    st = sum(stalls.values()) or 1.0
+    samples = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in seg)
+    return samples, [(k, 100.0 * v / st) for k, v in stalls.most_common(top) if v]
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     ranges = phases(rows)
     stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
@@ -98,20 +114,38 @@ def summarize(rows: list[dict]) -> list[dict]:
         seg = [r for lo, hi in ranges[name] for r in rows[lo:hi + 1]]
         # the producer's warps run their own loop: its hottest instruction is once per producer warp and tile
         norm = max((int(r["Instructions Executed"] or 0) for r in seg), default=0) if name == "producer" else per_tile
-        samples = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in seg)
-        stalls = Counter()
-        for r in seg:
-            for c in stall_cols:
-                stalls[c[len("stall_"):]] += float(r[c] or 0)
-        st = sum(stalls.values()) or 1.0
+        samples, stalls = _samples(seg, stall_cols, 3)
         ops = Counter()
         for r in seg:
             ops[opcode(r["Source"]).split(".")[0]] += int(r["Instructions Executed"] or 0)
         out.append({"phase": name, "samples_pct": 100.0 * samples / total,
                     "instr_per_warp_tile": sum(ops.values()) / (norm or 1),
                     "hmma_per_warp_tile": ops["HMMA"] / (norm or 1),
-                    "stalls": [(k, 100.0 * v / st) for k, v in stalls.most_common(3) if v]})
+                    "stalls": stalls})
     return out
+
+
+def outside_loop(rows: list[dict], top: int = 6) -> list[dict]:
+    """The prologue's and the epilogue's instructions grouped by their executed count (0 left
+    out), the ``top`` groups with the most samples: count, static instructions, share of all
+    the page's samples, top stalls."""
+    ranges = phases(rows)
+    stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
+    total = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
+    groups: dict[int, list[dict]] = {}
+    for name in ("prologue", "epilogue"):
+        for lo, hi in ranges[name]:
+            for r in rows[lo:hi + 1]:
+                n = int(r["Instructions Executed"] or 0)
+                if n:
+                    groups.setdefault(n, []).append(r)
+    out = []
+    for n, seg in groups.items():
+        samples, stalls = _samples(seg, stall_cols, 2)
+        out.append({"executed": n, "instructions": len(seg), "samples_pct": 100.0 * samples / total,
+                    "stalls": stalls})
+    out.sort(key=lambda g: (-g["samples_pct"], g["executed"]))
+    return out[:top]
 
 
 def read(path: str) -> list[dict]:
@@ -133,6 +167,14 @@ def main() -> None:
             st = ", ".join(f"{k} {v:.0f}" for k, v in p["stalls"])
             print(f"| {p['phase']} | {p['samples_pct']:.1f} | {p['instr_per_warp_tile']:.0f} | "
                   f"{p['hmma_per_warp_tile']:.0f} | {st} |")
+        print()
+        print("Outside the key loop (prologue and epilogue), instructions grouped by how often each ran:")
+        print()
+        print("| times executed | instructions | samples % | top stalls (% of the group's samples) |")
+        print("|---|---|---|---|")
+        for g in outside_loop(read(path)):
+            st = ", ".join(f"{k} {v:.0f}" for k, v in g["stalls"])
+            print(f"| {g['executed']} | {g['instructions']} | {g['samples_pct']:.2f} | {st} |")
 
 
 if __name__ == "__main__":
