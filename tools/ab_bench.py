@@ -109,13 +109,12 @@ def main() -> int:
         return 2
     if args.alone:  # an empty interleaved group: every system timed alone
         args.side_by_side = ""
-    together = tuple(x for x in (args.side_by_side or "").split(",") if x)
+    together = gate.SIDE_BY_SIDE if args.side_by_side is None else tuple(
+        x for x in args.side_by_side.split(",") if x)
     bad = [s for s in together if s not in PEERS]
     if bad:
         print(f"--side-by-side: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
         return 2
-    if args.side_by_side is None:
-        together = gate.SIDE_BY_SIDE
     if cap is not None:
         before = set_sglang_capability(cap)
         print(f"sglang extend: capability {cap} (was {before}); (BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_M, "

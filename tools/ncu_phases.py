@@ -102,10 +102,15 @@ def _samples(seg: list[dict], stall_cols: list[str], top: int) -> tuple[float, l
     return samples, [(k, 100.0 * v / st) for k, v in stalls.most_common(top) if v]
 
 
+def _columns(rows: list[dict]) -> tuple[list[str], float]:
+    """The page's stall-reason columns (all samples, not the not-issued ones) and its total samples."""
+    stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
+    return stall_cols, sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     ranges = phases(rows)
-    stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
-    total = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
+    stall_cols, total = _columns(rows)
     per_tile = tile_count(rows)
     out = []
     for name in PHASES:
@@ -130,8 +135,7 @@ def outside_loop(rows: list[dict], top: int = 6) -> list[dict]:
     out), the ``top`` groups with the most samples: count, static instructions, share of all
     the page's samples, top stalls."""
     ranges = phases(rows)
-    stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
-    total = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
+    stall_cols, total = _columns(rows)
     groups: dict[int, list[dict]] = {}
     for name in ("prologue", "epilogue"):
         for lo, hi in ranges[name]:
@@ -163,7 +167,8 @@ def main() -> None:
         print(f"--- {path}")
         print("| phase | samples % | instructions per warp and tile | HMMA | top stalls (% of the phase's samples) |")
         print("|---|---|---|---|---|")
-        for p in summarize(read(path)):
+        rows = read(path)
+        for p in summarize(rows):
             st = ", ".join(f"{k} {v:.0f}" for k, v in p["stalls"])
             print(f"| {p['phase']} | {p['samples_pct']:.1f} | {p['instr_per_warp_tile']:.0f} | "
                   f"{p['hmma_per_warp_tile']:.0f} | {st} |")
@@ -172,7 +177,7 @@ def main() -> None:
         print()
         print("| times executed | instructions | samples % | top stalls (% of the group's samples) |")
         print("|---|---|---|---|")
-        for g in outside_loop(read(path)):
+        for g in outside_loop(rows):
             st = ", ".join(f"{k} {v:.0f}" for k, v in g["stalls"])
             print(f"| {g['executed']} | {g['instructions']} | {g['samples_pct']:.2f} | {st} |")
 
