@@ -191,11 +191,18 @@ __global__ void __launch_bounds__(THREADS, 1)
       const bool run = use_tma && __all_sync(0xffffffffu, k.valid && pos < w.L && cur == slot0 + lane);
       const long long own = reinterpret_cast<long long>(k.valid ? k.ptr : p.kv);
       const uint32_t vmask = __ballot_sync(0xffffffffu, k.valid);
+      // the 8 rows' sources, taken from their lanes once per block and before any wait: a
+      // released piece group's copies then go out with no shuffle in front of them
+      // (docs/kernel-notes.md, entry J5: the math warpgroups waited on groups 4-7 and 8)
+      const __nv_bfloat16* srcs[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        srcs[i] = reinterpret_cast<const __nv_bfloat16*>(__shfl_sync(0xffffffffu, own, 4 * i + rsub)) + q * 8;
       auto issue = [&](int c0, int c1) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int src_lane = 4 * i + rsub;
-          const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(__shfl_sync(0xffffffffu, own, src_lane)) + q * 8;
+          const __nv_bfloat16* src = srcs[i];
           const bool valid = (vmask >> src_lane) & 1u;
           const uint32_t dst = blk + i * 512 + ((q ^ ((4 * (i & 1)) + rsub)) << 4);
 #pragma unroll
