@@ -12,11 +12,12 @@ namespace kdtree {
 
 // Merge the splits of each query row by their log-sum-exp, 128 threads (4 columns each)
 // per row. Few splits (<= COMBINE_NARROW_MAX): 512-thread CTAs of 4 rows, each thread
-// walks the splits itself. Many splits: one row per CTA of G groups of 128 threads; the
-// LSEs go through shared memory once (max, then weights) and group q sums splits q,
-// q + G, ... with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
+// walks the splits itself. Many splits: one row per CTA of G groups of 128 threads, group
+// q taking splits q, q + G, ...: up to G x COMBINE_ONE_PASS splits in one pass (below), more
+// in two, where the LSEs go through shared memory once (max, then weights) and each group
+// sums its splits with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
 // latency-bound; each split below the row's count wrote its partial, so the loads wait
-// for no weight), then the groups meet in shared memory. G = 8 (64 splits in flight, one
+// for no weight); then the groups meet in shared memory. G = 8 (64 splits in flight, one
 // round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
 // resident per SM, which costs more than it saves at 16 splits (bs1 N64 H8 65k +4 us).
 constexpr int COMBINE_GROUPS = 4;
@@ -24,12 +25,14 @@ constexpr int COMBINE_UNROLL = 8;
 constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
 constexpr int COMBINE_WIDE8_MIN = 33;
 constexpr int COMBINE_NARROW_MAX = 8;
-// A row of at most COMBINE_FAST_MAX splits in a wide CTA (the host sized the combine for the
-// grid's num_splits, e.g. the GPU-filling count under graph capture, while the row's request
-// took few on the device): every thread reads the row's LSEs itself while its group's
-// partials are in flight, so the merge takes one round trip to memory and one barrier
-// instead of two round trips and four barriers.
-constexpr int COMBINE_FAST_MAX = 16;
+// A row of at most G x COMBINE_ONE_PASS splits in a wide CTA of G groups (all of them at bs 1
+// on 132 SMs: 66 splits) takes one round trip to memory and one barrier: each group loads its
+// splits' partials and LSEs at once, merges them against its own maximum, and group 0 merges
+// the groups' (maximum, sum, partial) triples. The two-pass walk below it (the LSEs, two
+// barriers, the weights, then the partials in rounds of COMBINE_UNROLL) takes three round
+// trips at 66 splits. COMBINE_ONE_PASS registers of float4 per thread: 9 keeps combine_wide<8>
+// within the 64 registers of its 1024-thread CTA.
+constexpr int COMBINE_ONE_PASS = 9;
 
 // Which token/head a global row is and how many splits its request took (the main
 // kernels' split_plan), or false when there is nothing to merge: no request owns the row,
@@ -108,6 +111,7 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
   __shared__ float w_s[MAX_SPLITS];  // a row's LSEs, then its weights
   __shared__ float red[NT / 32];
   __shared__ float4 part[G - 1][128];
+  static_assert(2 * G <= MAX_SPLITS, "the one-pass path keeps each group's maximum and sum in w_s");
   const int64_t grow = blockIdx.x;  // global row = token * H + head
   int tok, head, S;  // S: the splits of this row's request
   const bool owned = combine_row(p, grow, tok, head, S);  // inputs only: before the wait
@@ -129,37 +133,53 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
     }
     combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
   };
-  if (S <= COMBINE_FAST_MAX) {  // uniform over the CTA (one row)
-    constexpr int PER = (COMBINE_FAST_MAX + G - 1) / G;  // splits grp, grp + G, ... of this group
+  if (S <= G * COMBINE_ONE_PASS) {  // uniform over the CTA (one row)
     const float* base = p.o_part + grow * DV + c;
-    float4 v[PER];
-    float lm[PER];  // their LSEs, loaded again below into ls[] (an L1 hit): a register
-                    // array is indexed by constants only, and grp + u * G is not one
+    float4 v[COMBINE_ONE_PASS];
+    float lm[COMBINE_ONE_PASS];  // splits grp, grp + G, ...: the same words for the whole group
 #pragma unroll
-    for (int u = 0; u < PER; ++u) {
+    for (int u = 0; u < COMBINE_ONE_PASS; ++u) {
       const int s = grp + u * G;
       v[u] = s < S ? *reinterpret_cast<const float4*>(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
       lm[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
     }
-    float ls[COMBINE_FAST_MAX];  // the row's LSEs: the same S words for the whole CTA
-    float mx = -CUDART_INF_F;
+    float gm = -CUDART_INF_F;  // the group's maximum
 #pragma unroll
-    for (int s = 0; s < COMBINE_FAST_MAX; ++s) {
-      ls[s] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
-      mx = fmaxf(mx, ls[s]);
-    }
-    float sum = 0.f;
+    for (int u = 0; u < COMBINE_ONE_PASS; ++u) gm = fmaxf(gm, lm[u]);
+    float gsum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (mx != -CUDART_INF_F) {
+    if (gm != -CUDART_INF_F) {
 #pragma unroll
-      for (int s = 0; s < COMBINE_FAST_MAX; ++s) sum += split_weight(ls[s], mx);
-#pragma unroll
-      for (int u = 0; u < PER; ++u) {
-        const float wt = split_weight(lm[u], mx);
+      for (int u = 0; u < COMBINE_ONE_PASS; ++u) {
+        const float wt = split_weight(lm[u], gm);
+        gsum += wt;
         o.x += wt * v[u].x; o.y += wt * v[u].y; o.z += wt * v[u].z; o.w += wt * v[u].w;
       }
     }
-    finish(o, sum, mx);
+    if (grp > 0) {
+      part[grp - 1][tid % 128] = o;
+      if (tid % 128 == 0) { w_s[2 * grp] = gm; w_s[2 * grp + 1] = gsum; }
+    }
+    __syncthreads();
+    if (grp > 0) return;
+    float mx = gm;  // the row's maximum: over the groups'
+#pragma unroll
+    for (int q = 1; q < G; ++q) mx = fmaxf(mx, w_s[2 * q]);
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != -CUDART_INF_F) {
+      const float w0 = split_weight(gm, mx);  // a group without a visible split weighs 0
+      sum = w0 * gsum;
+      acc = make_float4(w0 * o.x, w0 * o.y, w0 * o.z, w0 * o.w);
+#pragma unroll
+      for (int q = 1; q < G; ++q) {
+        const float wq = split_weight(w_s[2 * q], mx);
+        const float4 vq = part[q - 1][tid];
+        sum += wq * w_s[2 * q + 1];
+        acc.x += wq * vq.x; acc.y += wq * vq.y; acc.z += wq * vq.z; acc.w += wq * vq.w;
+      }
+    }
+    combine_store(p, tok, head, c, acc, sum, mx, grow, tid == 0);
     return;
   }
   float mx = -CUDART_INF_F;  // max of the LSEs
