@@ -114,3 +114,47 @@ def test_ab_bench_sglang_capability_sets_what_the_block_choice_reads(monkeypatch
     assert mod.extend_blocks()[3:5] == (32, 64)
     assert mod.set_sglang_capability((12, 0)) == (9, 0)
     assert fake.CUDA_CAPABILITY == (12, 0) and mod.extend_blocks()[3:5] == (32, 32)
+
+
+def test_ab_table_ratios_to_the_first_label_and_skips_figures_not_taken(tmp_path, capsys):
+    """tools/ab_table.py: each label's figures in run order, mean / the first label's mean; a
+    figure whose process could not take it (an old-ABI library: status "missing") is "-" and
+    does not enter the mean; ours-sm120 / ours per label; unknown labels are refused."""
+    import json
+
+    ab_table = load_tool("ab_table")
+    rows = [
+        {"label": "a", "case": "c1", "system": "ours", "us": 10.0, "status": "ok"},
+        {"label": "a", "case": "c1", "system": "flashmla", "us": 9.0, "status": "ok"},
+        {"label": "a", "case": "c1", "system": "ours-sm120", "us": 20.0, "status": "ok"},
+        {"label": "b", "case": "c1", "system": "ours", "us": 8.0, "status": "ok"},
+        {"label": "b", "case": "c1", "system": "ours", "us": 9.0, "status": "ok"},
+        {"label": "b", "case": "c1", "system": "ours-sm120", "us": 17.0, "status": "ok"},
+        {"label": "a", "case": "c2", "system": "ours", "us": None, "status": "missing"},
+        {"label": "b", "case": "c2", "system": "ours", "us": 5.0, "status": "ok"},
+    ]
+    f = tmp_path / "ab.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ab_table.main([str(f), "a,b", "--sm120-ratio"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| c1 | 10.0 | 8.0 / 9.0 | 9.0 | 0.850 |"
+    assert out[3] == "| c2 | - | 5.0 | - | - |"
+    assert "| c1 | 2.000 | 2.000 |" in out
+    assert ab_table.main([str(f), "a,zz"]) == 2
+    assert "zz" in capsys.readouterr().err
+
+
+def test_build_variant_compiles_the_named_tree_with_the_extra_flags(tmp_path, capsys):
+    """tools/build_variant.py: the nvcc command takes csrc/ of --root, the gate's flags, then the
+    flags after --, and writes into the folder named; a --root without csrc/ is refused."""
+    bv = load_tool("build_variant")
+    root = Path(__file__).resolve().parents[1]
+    assert bv.main([str(tmp_path / "v"), "--root", str(root), "--dry-run", "--", "-DKDTREE_FIXUP=0"]) == 0
+    out = capsys.readouterr().out
+    cmd = out.splitlines()[-1].split()
+    assert cmd[0] == "nvcc" and str(root / "csrc" / "kdtree_verify.cu") in cmd
+    assert cmd.index("-DKDTREE_FIXUP=0") > cmd.index("-O3")
+    assert cmd[cmd.index("-I") + 1] == str(root / "csrc")
+    assert cmd[cmd.index("-o") + 1] == str(tmp_path / "v" / "libkdtree_verify.so")
+    assert bv.main([str(tmp_path / "v"), "--root", str(tmp_path)]) == 2
+    assert "--root" in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""Build a variant of the kernel library for an A/B: a source tree's csrc/ with extra nvcc flags,
+into a folder of its own (not build/lib, no stamp, no evidence), then print each kernel's
+registers and spills per arch. The flags are the build gate's (kdtree_engine.kernel.build).
+
+    python3 tools/build_variant.py build/lib/rul3 -- -Xptxas=--register-usage-level=3
+    python3 tools/build_variant.py build/lib/j5 --root /tmp/wt-j5
+    python3 tools/build_variant.py build/lib/nofx --root /tmp/wt-fx -- -DKDTREE_FIXUP=0
+
+--root is the tree whose csrc/ is compiled (default: this checkout). Session Q's first A/B took
+two "variants" built from the wrong tree, so the tool prints the csrc/ it compiles; check the
+SASS for the change (cuobjdump -sass) before a GPU call. KDTREE_ARCHS picks the archs as for
+the build gate. Exit 1 when nvcc fails, 3 when a kernel spills (the build gate refuses
+spills; the library is still written, to be timed knowingly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kdtree_engine.kernel import build as B  # noqa: E402
+
+
+def command(root: Path, out: Path, archs: list[str], extra: list[str], nvcc: str = "nvcc") -> list[str]:
+    flags = B.BASE_FLAGS + [B.gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"'] + extra
+    return [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(out / B.LIB_NAME), *map(str, B.sources(root))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="extra nvcc flags follow --")
+    ap.add_argument("out", type=Path, help="folder for the variant's libkdtree_verify.so")
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                    help="the source tree whose csrc/ is built (default: this checkout)")
+    ap.add_argument("--dry-run", action="store_true", help="print the nvcc command only")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.extra = extra
+    root = args.root.resolve()
+    if not (root / "csrc" / "kdtree_verify.cu").is_file():
+        print(f"--root: expected a source tree with csrc/kdtree_verify.cu, got {root}", file=sys.stderr)
+        return 2
+    archs = B.parse_archs(None)
+    cmd = command(root, args.out, archs, args.extra, "nvcc" if args.dry_run else B.find_nvcc())
+    print(f"build_variant: csrc {root / 'csrc'} -> {args.out / B.LIB_NAME} ({', '.join(archs)}; extra: "
+          f"{' '.join(args.extra) or 'none'})")
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    t = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    if r.returncode != 0:
+        print(log[-4000:], file=sys.stderr)
+        print(f"build_variant: nvcc failed (exit {r.returncode})", file=sys.stderr)
+        return 1
+    spilled = False
+    for arch, kernels in B.parse_ptxas(log).items():
+        for name, v in kernels.items():
+            spilled |= bool(v["spill_stores"] or v["spill_loads"])
+            print(f"  {arch:8} {name:34} {v['registers']:4} regs  stack {v['stack']:3} B  "
+                  f"spills {v['spill_stores']}/{v['spill_loads']} B")
+    print(f"build_variant: built in {time.time() - t:.0f} s" + ("; SPILLS (the build gate refuses them)" if spilled else ""))
+    return 3 if spilled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
