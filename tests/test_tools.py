@@ -158,3 +158,19 @@ def test_build_variant_compiles_the_named_tree_with_the_extra_flags(tmp_path, ca
     assert cmd[cmd.index("-o") + 1] == str(tmp_path / "v" / "libkdtree_verify.so")
     assert bv.main([str(tmp_path / "v"), "--root", str(tmp_path)]) == 2
     assert "--root" in capsys.readouterr().err
+
+
+def test_partials_precision_simulates_the_merge_and_scores_it_with_the_oracle(capsys):
+    """tools/partials_precision.py: with one split the bf16 and fp32 partials give the same
+    output (a bf16 value rounds to itself); with several, both pass the oracle's limits on its
+    random data and the bf16 one is no closer to the reference; bad --cases are refused."""
+    pp = load_tool("partials_precision")
+    one = pp.simulate(4, 2, 200, 1, seed=0)
+    assert one["fp32 partials"].max_abs == one["bf16 partials"].max_abs
+    many = pp.simulate(4, 2, 3000, 8, seed=0)
+    assert many["fp32 partials"].passed and many["bf16 partials"].passed
+    assert many["bf16 partials"].cos_diff >= many["fp32 partials"].cos_diff * 0.99
+    assert pp.split_bounds(100, 2) == [(0, 64), (64, 100)]
+    assert pp.main(["--cases", "4,2,x,1"]) == 2
+    assert pp.main(["--cases", "4,2,100"]) == 2
+    assert "--cases" in capsys.readouterr().err
