@@ -1,12 +1,13 @@
 """What bf16 split-KV partials would cost in accuracy: a CPU simulation of the kernels' rounding
 (not the kernels), scored by the oracle's own metric (kdtree_engine.oracle.compare).
 
-One request of N drafts (a chain) over a random prefix of L keys, H heads, the oracle's score
-scale. Each of S splits (contiguous runs of whole 32-key tiles, as split_plan cuts them) takes
+One request of N drafts over a prefix of L keys, H heads: the oracle's own data
+(workloads.make_batch: a draft tree, random slots, its score scale) and its float64 reference
+(reference.verify_attention_ref). Each of S splits (contiguous runs of whole 32-key tiles, as split_plan cuts them) takes
 fp32 scores, P rounded to bf16 before P.V (as both kernels do), fp32 sums and a normalised
 partial; the splits merge by their LSEs as the combine does, and the output is rounded to
 bf16. The partials go to the merge in fp32 (what the kernels do) or rounded to bf16 (what
-FlashInfer's split-KV decode stores). Both are compared with a float64 reference.
+FlashInfer's split-KV decode stores).
 
     python3 tools/partials_precision.py                # the default grid
     python3 tools/partials_precision.py --cases 1,16,8,23000,66 --seeds 3
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kdtree_engine.oracle import compare, workloads  # noqa: E402
+from kdtree_engine.oracle import compare, reference, workloads  # noqa: E402
 
 D, DV, TILE = 576, 512, 32
 DEFAULT_CASES = ((16, 8, 1024, 9), (16, 8, 4096, 33), (16, 8, 23000, 66), (16, 8, 65536, 66), (64, 8, 23000, 16),
@@ -37,23 +38,16 @@ def split_bounds(keys: int, splits: int) -> list[tuple[int, int]]:
 
 
 def simulate(n: int, heads: int, prefix: int, splits: int, seed: int) -> dict[str, compare.Diff]:
-    g = torch.Generator().manual_seed(seed)
-    keys = prefix + n
-    k = torch.randn(keys, D, generator=g).to(torch.bfloat16)
-    q = torch.randn(n * heads, D, generator=g).to(torch.bfloat16)
-    scale = workloads.DEEPSEEK_SM_SCALE
-    tok = torch.arange(n * heads) // heads  # row -> draft token
-    pos = torch.arange(keys)
-    visible = (pos[None, :] < prefix) | (pos[None, :] - prefix <= tok[:, None])  # a chain over the drafts
+    b = workloads.make_batch([prefix], [n], heads, seed=seed)  # the oracle's data: a draft tree, random slots
+    ref, _ = reference.verify_attention_ref(*b.ref_args())
+    k = torch.cat([b.kv_buffer[b.kv_indices, 0], b.k_ext[:, 0]])  # the request's keys, prefix then drafts
+    q = b.q.reshape(n * heads, D)  # row = token * H + head
+    visible = b.custom_mask.reshape(n, prefix + n).bool().repeat_interleave(heads, dim=0)
     v = k[:, :DV]
 
-    s64 = (q.double() @ k.double().T) * scale
-    s64 = s64.masked_fill(~visible, -math.inf)
-    ref = torch.softmax(s64, dim=-1) @ v.double()
-
     parts, lses = [], []
-    for lo, hi in split_bounds(keys, splits):
-        s = (q.float() @ k[lo:hi].float().T) * scale
+    for lo, hi in split_bounds(prefix + n, splits):
+        s = (q.float() @ k[lo:hi].float().T) * b.sm_scale
         s = s.masked_fill(~visible[:, lo:hi], -math.inf)
         m = s.max(dim=-1, keepdim=True).values
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -69,8 +63,8 @@ def simulate(n: int, heads: int, prefix: int, splits: int, seed: int) -> dict[st
     out = {}
     for name, cast in (("fp32 partials", lambda t: t), ("bf16 partials", lambda t: t.to(torch.bfloat16).float())):
         acc = sum(w[:, i : i + 1] * cast(parts[i]) for i in range(len(parts)))
-        o = (acc / w.sum(dim=-1, keepdim=True)).to(torch.bfloat16)
-        out[name] = compare.compare(o, ref.float())
+        o = (acc / w.sum(dim=-1, keepdim=True)).to(torch.bfloat16).reshape(n, heads, DV)
+        out[name] = compare.compare(o, ref)
     return out
 
 
