@@ -10,7 +10,7 @@
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
 # steps: tma-row-probe racecheck-kernel ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
-# env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
+# env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 set -uo pipefail
@@ -60,9 +60,10 @@ for step in "$@"; do
                    # (tools/tma_row_probe.cu, tool_bin)
               timeout 120 "$(tool_bin tma_row_probe)" | tee /tmp/bench/tma-row-probe.txt ;;
     oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
-    oracle-libs) # the oracle (its full matrix, both targets) on each library of AB_LIBS (A/B variants), its evidence
-                 # in /tmp/bench/oracle-<folder>, never /tmp/ev: a variant's pass proves nothing of this tree
-               for d in ${AB_LIBS:-build/lib}; do
+    oracle-libs) # the oracle (its full matrix, both targets) once on each library of ORACLE_LIBS (default: AB_LIBS, each
+                 # folder once), its evidence in /tmp/bench/oracle-<folder>, never /tmp/ev: a variant's pass proves
+                 # nothing of this tree
+               for d in $(printf '%s\n' ${ORACLE_LIBS:-${AB_LIBS:-build/lib}} | awk '!seen[$0]++'); do
                  KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 -m kdtree_engine oracle --evidence-dir /tmp/bench/oracle-$(basename $d) \
                    ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targets $ORACLE_TARGETS} 2>&1 | tail -3 | sed "s|^|$(basename $d): |"
                done ;;
