@@ -144,6 +144,28 @@ def test_ab_table_ratios_to_the_first_label_and_skips_figures_not_taken(tmp_path
     assert "zz" in capsys.readouterr().err
 
 
+def test_build_variant_takes_a_revision_from_git(tmp_path, capsys):
+    """tools/build_variant.py --rev: csrc/ of that commit, read from git (not the working tree),
+    byte for byte; a rev git cannot resolve, or --rev with --root, is refused with exit 2."""
+    import git
+
+    bv = load_tool("build_variant")
+    root = Path(__file__).resolve().parents[1]
+    repo = git.Repo(root)
+    sha = bv.extract_csrc(root, "HEAD", tmp_path)
+    assert sha == repo.head.commit.hexsha
+    want = {b.path: b.data_stream.read() for b in (repo.head.commit.tree / "csrc").traverse() if b.type == "blob"}
+    got = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "csrc").rglob("*") if p.is_file()}
+    assert got == want and "csrc/kdtree_verify.cu" in got
+    assert bv.main([str(tmp_path / "v"), "--rev", "HEAD", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"--rev HEAD is {sha}" in out and "build-variant-" in out.splitlines()[-1]
+    assert bv.main([str(tmp_path / "v"), "--rev", "no-such-branch-xyz"]) == 2
+    assert "'no-such-branch-xyz' is not a commit" in capsys.readouterr().err
+    assert bv.main([str(tmp_path / "v"), "--rev", "HEAD", "--root", str(root)]) == 2
+    assert "--rev and --root" in capsys.readouterr().err
+
+
 def test_build_variant_compiles_the_named_tree_with_the_extra_flags(tmp_path, capsys):
     """tools/build_variant.py: the nvcc command takes csrc/ of --root, the gate's flags, then the
     flags after --, and writes into the folder named; a --root without csrc/ is refused."""

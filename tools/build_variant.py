@@ -5,8 +5,11 @@ registers and spills per arch. The flags are the build gate's (kdtree_engine.ker
     python3 tools/build_variant.py build/lib/rul3 -- -Xptxas=--register-usage-level=3
     python3 tools/build_variant.py build/lib/j5 --root /tmp/wt-j5
     python3 tools/build_variant.py build/lib/nofx --root /tmp/wt-fx -- -DKDTREE_FIXUP=0
+    python3 tools/build_variant.py build/lib/b16 --rev wip/r-bf16-partials -- -DKDTREE_PARTIALS_BF16=1
 
---root is the tree whose csrc/ is compiled (default: this checkout). Session Q's first A/B took
+--root is the tree whose csrc/ is compiled (default: this checkout); --rev names a commit or branch
+of this checkout instead, whose csrc/ is read from git (GitPython) into a temporary folder, so no
+worktree and no working-tree state can stand in for it. Session Q's first A/B took
 two "variants" built from the wrong tree, so the tool prints the csrc/ it compiles; check the
 SASS for the change (cuobjdump -sass) before a GPU call. KDTREE_ARCHS picks the archs as for
 the build gate. Exit 1 when nvcc fails, 3 when a kernel spills (the build gate refuses
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,17 +35,60 @@ def command(root: Path, out: Path, archs: list[str], extra: list[str], nvcc: str
     return [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(out / B.LIB_NAME), *map(str, B.sources(root))]
 
 
+def extract_csrc(repo: Path, rev: str, dest: Path) -> str:
+    """Write csrc/ as commit ``rev`` of the git repository ``repo`` holds it into ``dest``/csrc;
+    returns the commit's full sha. A ValueError names a rev git cannot resolve or a commit
+    without csrc/."""
+    try:
+        import git  # GitPython
+    except ImportError:
+        raise ValueError("--rev reads git with GitPython, which this python lacks: "
+                         "pip install GitPython (the project's `pipeline` extra)") from None
+    try:
+        commit = git.Repo(repo).commit(rev)
+    except (git.BadName, ValueError, git.GitCommandError) as e:
+        raise ValueError(f"--rev: {rev!r} is not a commit of {repo} ({e.__class__.__name__})") from None
+    try:
+        tree = commit.tree / "csrc"
+    except KeyError:
+        raise ValueError(f"--rev: commit {commit.hexsha[:12]} ({rev}) has no csrc/") from None
+    for item in tree.traverse():
+        if item.type == "blob":
+            out = dest / item.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(item.data_stream.read())
+    return commit.hexsha
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="extra nvcc flags follow --")
     ap.add_argument("out", type=Path, help="folder for the variant's libkdtree_verify.so")
-    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+    ap.add_argument("--root", type=Path, default=None,
                     help="the source tree whose csrc/ is built (default: this checkout)")
+    ap.add_argument("--rev", default=None,
+                    help="build csrc/ of this commit or branch of the checkout (read from git), not a tree on disk")
     ap.add_argument("--dry-run", action="store_true", help="print the nvcc command only")
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     args.extra = extra
-    root = args.root.resolve()
+    checkout = Path(__file__).resolve().parents[1]
+    if args.rev is None:
+        return build(args, (args.root or checkout).resolve())
+    if args.root is not None:
+        print("--rev and --root: give one of them", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="build-variant-") as tmp:
+        try:
+            sha = extract_csrc(checkout, args.rev, Path(tmp))
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"build_variant: --rev {args.rev} is {sha}")
+        return build(args, Path(tmp))
+
+
+def build(args: argparse.Namespace, root: Path) -> int:
     if not (root / "csrc" / "kdtree_verify.cu").is_file():
         print(f"--root: expected a source tree with csrc/kdtree_verify.cu, got {root}", file=sys.stderr)
         return 2
