@@ -144,6 +144,30 @@ def test_ab_table_ratios_to_the_first_label_and_skips_figures_not_taken(tmp_path
     assert "zz" in capsys.readouterr().err
 
 
+def test_ab_table_verdict_pairs_rounds_and_needs_every_round(tmp_path, capsys):
+    """tools/ab_table.py --verdict: round k of a label against round k of the first label; a gain
+    or a loss only when every round moves by the threshold, noise otherwise; a threshold that is
+    not positive is refused."""
+    import json
+
+    ab_table = load_tool("ab_table")
+    figs = {"fast": ([100.0, 102.0], [97.0, 99.5]),    # -3.0%, -2.5%: a gain at 2%
+            "mixed": ([100.0, 100.0], [96.0, 101.0]),  # -4.0%, +1.0%: noise
+            "slow": ([100.0, 100.0], [103.0, 102.5])}  # a loss
+    rows = [{"label": lab, "case": c, "system": "ours", "us": us, "status": "ok"}
+            for k in range(2) for c, (a, b) in figs.items() for lab, us in (("a", a[k]), ("b", b[k]))]
+    f = tmp_path / "ab.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ab_table.main([str(f), "a,b", "--verdict", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| fast | -3.0% / -2.5% gain |" in out
+    assert "| mixed | -4.0% / +1.0% noise |" in out
+    assert "| slow | +3.0% / +2.5% loss |" in out
+    assert "b: 1 gains (fast), 1 losses (slow), 1 within 2.0% in some round (ours)" in out
+    assert ab_table.main([str(f), "a,b", "--verdict", "0"]) == 2
+    assert "--verdict" in capsys.readouterr().err
+
+
 def test_build_variant_takes_a_revision_from_git(tmp_path, capsys):
     """tools/build_variant.py --rev: csrc/ of that commit, read from git (not the working tree),
     byte for byte; a rev git cannot resolve, or --rev with --root, is refused with exit 2."""

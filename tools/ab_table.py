@@ -8,6 +8,14 @@ targets' ratio).
 
 A figure that a process could not take (status other than ok, e.g. a library of another ABI) is
 shown as "-" and left out of the mean.
+
+``--verdict PCT`` pairs each label's figures with the first label's round by round (the k-th
+process of each label is round k, as `ab-bench` runs them) and calls a case a gain when every
+round is at least PCT percent faster than the baseline's same round, a loss when every round is
+at least PCT percent slower, else noise: a change that one round shows and another does not is
+within a call's spread (kernel-notes Q1). It ends with each label's count of gains and losses.
+
+    python3 tools/ab_table.py FILE.jsonl base,b16,b16p --verdict 1.5
 """
 
 from __future__ import annotations
@@ -70,12 +78,42 @@ def sm120_ratios(rows: list[dict], labels: list[str]) -> list[str]:
     return out
 
 
+def verdicts(rows: list[dict], labels: list[str], pct: float, system: str = "ours") -> list[str]:
+    """Markdown lines: per case and later label, the per-round change against the first label
+    (percent) and gain / loss / noise, then one line per label with its counts."""
+    cases, got = figures(rows)
+    out = ["| case | " + " | ".join(f"{x} vs {labels[0]}, per round" for x in labels[1:]) + " |",
+           "|---" * len(labels) + "|"]
+    tally = {lab: {"gain": [], "loss": [], "noise": []} for lab in labels[1:]}
+    for c in cases:
+        base = got[(c, system, labels[0])]
+        cells = []
+        for lab in labels[1:]:
+            var = got[(c, system, lab)]
+            n = min(len(base), len(var))
+            if n == 0:
+                cells.append("-")
+                continue
+            change = [100.0 * (var[k] / base[k] - 1.0) for k in range(n)]
+            kind = "gain" if all(x <= -pct for x in change) else "loss" if all(x >= pct for x in change) else "noise"
+            tally[lab][kind].append(c)
+            cells.append(" / ".join(f"{x:+.1f}%" for x in change) + f" {kind}")
+        out.append(f"| {c} | " + " | ".join(cells) + " |")
+    out.append("")
+    for lab, t in tally.items():
+        out.append(f"{lab}: {len(t['gain'])} gains ({', '.join(t['gain']) or 'none'}), {len(t['loss'])} losses "
+                   f"({', '.join(t['loss']) or 'none'}), {len(t['noise'])} within {pct}% in some round ({system})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("jsonl", type=Path)
     ap.add_argument("labels", help="comma list of labels; the first is the baseline")
     ap.add_argument("--system", default="ours")
     ap.add_argument("--sm120-ratio", action="store_true", help="also ours-sm120 / ours per label")
+    ap.add_argument("--verdict", type=float, default=None, metavar="PCT",
+                    help="per case: gain / loss when every round moves by at least PCT percent against the first label")
     args = ap.parse_args(argv)
     labels = [x for x in args.labels.split(",") if x]
     rows = load(args.jsonl)
@@ -88,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.sm120_ratio:
         print()
         print("\n".join(sm120_ratios(rows, labels)))
+    if args.verdict is not None:
+        if not args.verdict > 0 or len(labels) < 2:
+            print(f"--verdict: expected a percentage > 0 and at least two labels, got {args.verdict} and "
+                  f"{len(labels)} label(s)", file=sys.stderr)
+            return 2
+        print()
+        print("\n".join(verdicts(rows, labels, args.verdict, args.system)))
     return 0
 
 
