@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         print(f"build_variant: --rev {args.rev} is {sha}")
-        return build(args, Path(tmp))
+        return build(args, Path(tmp), f"--rev {args.rev}")
 
 
-def build(args: argparse.Namespace, root: Path) -> int:
+def build(args: argparse.Namespace, root: Path, source: str = "--root") -> int:
     if not (root / "csrc" / "kdtree_verify.cu").is_file():
-        print(f"--root: expected a source tree with csrc/kdtree_verify.cu, got {root}", file=sys.stderr)
+        print(f"{source}: expected a source tree with csrc/kdtree_verify.cu, got {root}", file=sys.stderr)
         return 2
     archs = B.parse_archs(None)
     cmd = command(root, args.out, archs, args.extra, "nvcc" if args.dry_run else B.find_nvcc())

@@ -23,6 +23,8 @@ python3 -c "from kdtree_engine.kernel import library; l = library.load(); print(
 # STEP_TIMEOUT (s) bounds the oracle and A/B steps: an experimental kernel that hangs
 # costs that much device time, not the whole call
 T="timeout -k 5 ${STEP_TIMEOUT:-1200}"
+# the oracle's case selection, shared by the oracle and oracle-libs steps
+ORACLE_ARGS="${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targets $ORACLE_TARGETS}"
 # racecheck with every report (the racecheck and racecheck-kernel steps)
 RC="compute-sanitizer --tool racecheck --racecheck-report all --print-limit 0"
 # tools/NAME.cu as a binary: the carried build/lib/NAME (built on the CPU machine), else built here
@@ -38,7 +40,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     oracle-quick) $T python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
-    oracle) $T python3 -m kdtree_engine oracle ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targets $ORACLE_TARGETS} ;;
+    oracle) $T python3 -m kdtree_engine oracle $ORACLE_ARGS ;;
     sm120-ab) # the sm_120 configuration (emulation) of each library in AB_LIBS (default build/lib) next to the
               # Hopper kernel of build/lib (tools/sm120_ab.py)
               A="python3 tools/sm120_ab.py --json /tmp/bench/sm120-ab.jsonl ${AB_SHAPES:+--shapes $AB_SHAPES}"
@@ -65,14 +67,14 @@ for step in "$@"; do
                  # nothing of this tree
                for d in $(printf '%s\n' ${ORACLE_LIBS:-${AB_LIBS:-build/lib}} | awk '!seen[$0]++'); do
                  KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 -m kdtree_engine oracle --evidence-dir /tmp/bench/oracle-$(basename $d) \
-                   ${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targets $ORACLE_TARGETS} 2>&1 | tail -3 | sed "s|^|$(basename $d): |"
+                   $ORACLE_ARGS 2>&1 | tail -3 | sed "s|^|$(basename $d): |"
                done ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
     sanitize) # memcheck, racecheck, then synccheck (named barriers, __syncwarp) over the six cases in one process
-              timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_case.py;
-              timeout 240 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_case.py;
-              timeout 240 compute-sanitizer --tool synccheck --print-limit 20 python3 tools/sanitize_case.py ;;
+              for tool in memcheck racecheck synccheck; do
+                timeout 240 compute-sanitizer --tool $tool --print-limit 20 python3 tools/sanitize_case.py
+              done ;;
     racecheck) # issue 16 (docs/kernel-notes.md, "Issue 16: racecheck and the hand-off of the row maxima"):
                # tools/racecheck_min.cu, the sm90 kernel's hand-off of the row maxima alone, built here with nvcc
                # (else RACECHECK_BIN, default build/lib/racecheck_min: built on the CPU machine and carried), each
