@@ -59,7 +59,6 @@ constexpr int LR_OFF = QR_OFF + BM * QR_ROW;
 constexpr int Q_TPR = THREADS / BM;  // threads per Q row while Q is staged (6)
 static_assert(THREADS % BM == 0 && CHUNKS % Q_TPR == 0, "Q's staging gives each row whole threads and each thread whole chunks");
 constexpr int SMEM = LR_OFF + MATH_THREADS * 8;
-// The producers: 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i)
 // setmaxnreg moves registers from the producer warpgroup to the math warps
 // (384 threads x 168 at launch = 64,512 = 2 x 128 x 240 + 128 x 24: setmaxnreg.inc waits for
 // registers the pool does not hold, so the sum must fit exactly)
@@ -177,6 +176,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
 
   if (warp >= WARPS) {
     // ---------------- producer: every key tile into its stage, a tile ahead ----------------
+    // 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i)
     setmaxnreg_dec<PRODUCER_REGS>();
     const int ptid = tid - MATH_THREADS, prow = ptid >> 2, sub = ptid & 3;
     // chunk sub + 4 i of row r sits at ((sub + 4 i) ^ (r & 7)): 128 (i >> 1) + 16 (sub ^ x ^ 4 (i & 1))
@@ -380,7 +380,6 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  // the CTA's work again (a few cached loads once per CTA; held across the loop, they cost registers)
   store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, w.splits > 1, kh, tq);
 }
 
