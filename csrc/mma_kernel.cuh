@@ -279,8 +279,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
       Work wm;
       wm.L = L;
       wm.KV = L + Nm;
-      wm.mask_base = p.mask_indptr[bz];
-      wm.mask_ok = Nm == 0 || (wm.mask_base >= 0 && wm.mask_base + static_cast<int64_t>(Nm) * wm.KV <= p.mask_len);
+      mask_window(p, bz, Nm, wm.KV, wm);
       const int row0 = blockIdx.x * BM + rg * 16 + g;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
