@@ -90,13 +90,10 @@ constexpr int PARTNER_XOR = 1;
 // once it has read the slab, and w syncs before writing it again, so w waits for that read and
 // not for the partner to finish its next S (the symmetric 64-thread barrier this replaced:
 // 3.5% at H128 and N32, 1.4% at bs8, entry O2). 0 is __syncthreads; 13 barriers in all.
+// (The id is a register, as slab_free_*'s are: the four-way switch of immediate ids it replaced
+// compiled to a branch and four predicated BAR.SYNCs in the tile's loop.)
 __device__ __forceinline__ void pair_sync(int rg) {
-  switch (rg) {  // immediate ids
-    case 0: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
-    case 1: asm volatile("bar.sync 2, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 3, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
-  }
+  asm volatile("bar.sync %0, 64;\n" ::"r"(rg + 1) : "memory");
 }
 constexpr uint32_t SLAB_BAR0 = 5;
 static_assert(SLAB_BAR0 + WARPS <= 16, "a CTA has 16 named barriers");
