@@ -126,7 +126,7 @@ def test_a_cached_build_counts_sass_it_could_not_count_before(tmp_path, monkeypa
     monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
     monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
     archs = B.parse_archs(None)
-    flags = B.BASE_FLAGS + [B.gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+    flags = B.flags_for(archs)
     root = B.evidence.repo_root()
     (tmp_path / B.LIB_NAME).write_bytes(b"lib")
     stamp_file = tmp_path / (B.LIB_NAME + ".stamp.json")
@@ -163,3 +163,31 @@ def test_sass_counts_finds_cuobjdump_once(tmp_path, monkeypatch):
     assert counts["sm_90a"] == {**dict.fromkeys(B.SASS_FAMILIES, 0), "HMMA": 2, "LDSM": 1}
     monkeypatch.setattr(B, "find_cuobjdump", lambda: None)
     assert B.sass_counts(tmp_path / "lib.so", ["sm_90a"]) == {}
+
+
+def test_the_gate_and_the_variant_tool_run_one_nvcc_command(tmp_path, monkeypatch):
+    """build() compiles with nvcc_command(), the command tools/build_variant.py prints: a variant
+    differs from the gate's library only by the flags it adds (placed after the gate's)."""
+    import subprocess
+
+    from kdtree_engine.kernel import build as B
+
+    monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
+    monkeypatch.setattr(B, "sass_counts", lambda lib, archs: {})
+    seen = []
+
+    def fake_nvcc(cmd, **k):
+        seen.append(cmd)
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"lib")
+        return subprocess.CompletedProcess(cmd, 0, LOG.format(serial="", spill=0), "")
+
+    monkeypatch.setattr(B.subprocess, "run", fake_nvcc)
+    archs = B.parse_archs(None)
+    B.build(out_dir=tmp_path, force=True)
+    root = B.evidence.repo_root()
+    assert seen == [B.nvcc_command(root, tmp_path / (B.LIB_NAME + ".tmp"), archs, nvcc="nvcc")]
+    variant = B.nvcc_command(root, tmp_path / "v.so", archs, ["-DX=1"])
+    gate = B.nvcc_command(root, tmp_path / "v.so", archs)
+    assert variant[: len(B.flags_for(archs)) + 1] == gate[: len(B.flags_for(archs)) + 1]
+    assert variant.index("-DX=1") == len(B.flags_for(archs)) + 1 and len(variant) == len(gate) + 1

@@ -218,6 +218,18 @@ def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def flags_for(archs: list[str]) -> list[str]:
+    """The gate's nvcc flags for ``archs``: BASE_FLAGS, one gencode each, and KDTREE_ARCHS."""
+    return BASE_FLAGS + [gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+
+
+def nvcc_command(root: Path, out: Path, archs: list[str], extra: list[str] = (), nvcc: str = "nvcc") -> list[str]:
+    """The gate's nvcc command line: ``root``'s csrc/ into the library ``out``, with ``extra``
+    flags after the gate's (tools/build_variant.py builds its A/B variants with it)."""
+    return [nvcc, *flags_for(archs), *extra, "-I", str(Path(root) / "csrc"), "-o", str(out),
+            *map(str, sources(Path(root)))]
+
+
 def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bool = False,
           root: Path | None = None) -> BuildResult:
     root = root or evidence.repo_root()
@@ -227,7 +239,7 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     out_dir = Path(out_dir) if out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / LIB_NAME
-    flags = BASE_FLAGS + [gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+    flags = flags_for(archs)
     stamp_file = out_dir / (LIB_NAME + ".stamp.json")
     stamp = _stamp(root, flags, nvcc_v)
     if not force and lib.is_file() and stamp_file.is_file():
@@ -243,7 +255,7 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
                     stamp_file.write_text(json.dumps({**old, "sass": sass}, indent=1))
             return BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), sass, old.get("log", ""))
     tmp = out_dir / (LIB_NAME + ".tmp")
-    cmd = [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(tmp), *map(str, sources(root))]
+    cmd = nvcc_command(root, tmp, archs, nvcc=nvcc)
     r = subprocess.run(cmd, capture_output=True, text=True)
     log = r.stdout + r.stderr
     if r.returncode != 0:
