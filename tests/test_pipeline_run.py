@@ -160,9 +160,14 @@ def test_a_gpu_gate_that_ran_another_library_is_refused(project_repo, tmp_path):
             record_phase(1, ev, root=project_repo)
         assert expect in str(e.value) and "kernel library" in str(e.value), name
         assert _snapshot(project_repo) == before
-    stamp_library(project_repo)  # rebuilt from this csrc/: now the records prove this tree
+    lib = stamp_library(project_repo)  # rebuilt from this csrc/: now the records prove this tree
     write_evidence(project_repo, tmp_path / "ev-ok", 1)
     assert record_phase(1, tmp_path / "ev-ok", root=project_repo).commit
+    import hashlib
+
+    md = plan.plan_paths(project_repo)[1].read_text()
+    phase1 = md.split("## Phase 1")[1].split("## Phase 2")[0]
+    assert f"| {hashlib.sha256(lib.read_bytes()).hexdigest()[:12]} |" in phase1  # the library column
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
