@@ -154,9 +154,9 @@ def provenance(path: Path | str | None = None, root: Path | None = None) -> dict
     (``default_library_path(root)`` unless given), the file's sha256, and from the build stamp
     beside it the csrc/ hash it was compiled from. ``matches`` is True when that hash is
     ``root``'s csrc/ hash and the file is the one the stamp describes; False when either
-    differs (a variant from tools/build_variant.py, a build of older sources, a file copied
-    over); None when it cannot tell (no such file, no stamp, a stamp without the hashes);
-    ``why`` says which. Reads files only: no GPU, nothing loaded."""
+    differs (a build of older sources, a file copied over the build); None when it cannot
+    tell (no such file; no stamp, as for a variant from tools/build_variant.py; a stamp
+    without the hashes); ``why`` says which. Reads files only: no GPU, nothing loaded."""
     import json
 
     from kdtree_engine.kernel import build as B
