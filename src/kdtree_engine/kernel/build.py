@@ -138,8 +138,10 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _stamp(root: Path, flags: list[str], nvcc_v: str) -> str:
-    h = hashlib.sha256(csrc_hash(root).encode())
+def _stamp(root: Path, flags: list[str], nvcc_v: str, src_hash: str | None = None) -> str:
+    """The build's identity: csrc/'s hash (``src_hash``, else csrc_hash(root)), the flags and
+    nvcc's version."""
+    h = hashlib.sha256((src_hash or csrc_hash(root)).encode())
     h.update(json.dumps([flags, nvcc_v]).encode())
     return h.hexdigest()
 
@@ -256,22 +258,22 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     lib = out_dir / LIB_NAME
     flags = flags_for(archs)
     stamp_file = out_dir / (LIB_NAME + ".stamp.json")
-    stamp = _stamp(root, flags, nvcc_v)
+    src_hash = csrc_hash(root)
+    stamp = _stamp(root, flags, nvcc_v, src_hash)
     if not force and lib.is_file() and stamp_file.is_file():
         try:
             old = json.loads(stamp_file.read_text())
         except ValueError:
             old = {}
         if old.get("stamp") == stamp:
-            sass = old.get("sass") or {}
-            if not sass:  # counted where cuobjdump was missing: count now if it is here, and keep it
-                sass = sass_counts(lib, archs)
-                if sass:
-                    old = {**old, "sass": sass}
-                    stamp_file.write_text(json.dumps(old, indent=1))
+            new = dict(old)
+            if not old.get("sass"):  # counted where cuobjdump was missing: count now if it is here, and keep it
+                new["sass"] = sass_counts(lib, archs) or {}
             if "csrc_sha256" not in old:  # a stamp from before provenance: the stamp matched, so did csrc/
-                old = {**old, "csrc_sha256": csrc_hash(root), "library_sha256": file_sha256(lib)}
-                stamp_file.write_text(json.dumps(old, indent=1))
+                new.update(csrc_sha256=src_hash, library_sha256=file_sha256(lib))
+            if new != old:
+                stamp_file.write_text(json.dumps(new, indent=1))
+            old, sass = new, new.get("sass") or {}
             return BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), sass, old.get("log", ""))
     tmp = out_dir / (LIB_NAME + ".tmp")
     cmd = nvcc_command(root, tmp, archs, nvcc=nvcc)
@@ -284,7 +286,7 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     kernels = parse_ptxas(log)
     sass = sass_counts(lib, archs)
     # csrc_sha256 and library_sha256: what kernel.library.provenance checks a gate's library by
-    stamp_file.write_text(json.dumps({"stamp": stamp, "csrc_sha256": csrc_hash(root),
+    stamp_file.write_text(json.dumps({"stamp": stamp, "csrc_sha256": src_hash,
                                       "library_sha256": file_sha256(lib), "kernels": kernels, "sass": sass,
                                       "log": log}, indent=1))
     return BuildResult(lib, True, archs, flags, nvcc_v, kernels, sass, log)
