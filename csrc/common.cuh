@@ -87,13 +87,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   int n = valid ? 16 : 0;  // 0 -> zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-// 8- and 4-byte copies (through L1: .cg takes 16 bytes only); 0 bytes read when !valid
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
@@ -285,6 +278,14 @@ struct Work {
   bool mask_ok;
 };
 
+// Where request b's mask rows (N drafts, each over KV keys) start in p.mask, and whether all of
+// them lie inside it. setup_work reports a window that does not (KDTREE_ERR_MASK); the sm_120
+// tile derives it again in its draft tiles rather than hold it in registers (mma_kernel.cuh).
+__device__ __forceinline__ void mask_window(const Params& p, int b, int N, int KV, Work& w) {
+  w.mask_base = p.mask_indptr[b];
+  w.mask_ok = N == 0 || (w.mask_base >= 0 && w.mask_base + static_cast<int64_t>(N) * KV <= p.mask_len);
+}
+
 // Read and validate request b's metadata (device values, never trusted: a bad
 // value sets a bit in *err and the CTA does nothing). Returns false when the
 // CTA has no work: a split past its request's count (split_plan) writes nothing,
@@ -316,8 +317,7 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int s
   const SplitPlan sp = split_plan(w.KV, p.num_splits, p.split_keys);
   if (split >= sp.splits) return false;  // a split this request does not need (split 0 always is)
   w.splits = sp.splits;
-  w.mask_base = p.mask_indptr[b];
-  w.mask_ok = w.N == 0 || (w.mask_base >= 0 && w.mask_base + static_cast<int64_t>(w.N) * w.KV <= p.mask_len);
+  mask_window(p, b, w.N, w.KV, w);
   if (!w.mask_ok && reporter) report_error(p.err, KDTREE_ERR_MASK);
   // split < sp.splits: its first step lies before the end, so t_begin < t_end
   const int ntiles = (w.KV + bn - 1) / bn, tiles_per = sp.per * (p.split_keys / bn);

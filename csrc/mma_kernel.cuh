@@ -59,7 +59,6 @@ constexpr int LR_OFF = QR_OFF + BM * QR_ROW;
 constexpr int Q_TPR = THREADS / BM;  // threads per Q row while Q is staged (6)
 static_assert(THREADS % BM == 0 && CHUNKS % Q_TPR == 0, "Q's staging gives each row whole threads and each thread whole chunks");
 constexpr int SMEM = LR_OFF + MATH_THREADS * 8;
-// The producers: 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i)
 // setmaxnreg moves registers from the producer warpgroup to the math warps
 // (384 threads x 168 at launch = 64,512 = 2 x 128 x 240 + 128 x 24: setmaxnreg.inc waits for
 // registers the pool does not hold, so the sum must fit exactly)
@@ -91,13 +90,10 @@ constexpr int PARTNER_XOR = 1;
 // once it has read the slab, and w syncs before writing it again, so w waits for that read and
 // not for the partner to finish its next S (the symmetric 64-thread barrier this replaced:
 // 3.5% at H128 and N32, 1.4% at bs8, entry O2). 0 is __syncthreads; 13 barriers in all.
+// (The id is a register, as slab_free_*'s are: the four-way switch of immediate ids it replaced
+// compiled to a branch and four predicated BAR.SYNCs in the tile's loop.)
 __device__ __forceinline__ void pair_sync(int rg) {
-  switch (rg) {  // immediate ids
-    case 0: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
-    case 1: asm volatile("bar.sync 2, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 3, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
-  }
+  asm volatile("bar.sync %0, 64;\n" ::"r"(rg + 1) : "memory");
 }
 constexpr uint32_t SLAB_BAR0 = 5;
 static_assert(SLAB_BAR0 + WARPS <= 16, "a CTA has 16 named barriers");
@@ -177,6 +173,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
 
   if (warp >= WARPS) {
     // ---------------- producer: every key tile into its stage, a tile ahead ----------------
+    // 4 threads per key row, each 18 of its 72 chunks (c = sub + 4 i)
     setmaxnreg_dec<PRODUCER_REGS>();
     const int ptid = tid - MATH_THREADS, prow = ptid >> 2, sub = ptid & 3;
     // chunk sub + 4 i of row r sits at ((sub + 4 i) ^ (r & 7)): 128 (i >> 1) + 16 (sub ^ x ^ 4 (i & 1))
@@ -279,8 +276,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
       Work wm;
       wm.L = L;
       wm.KV = L + Nm;
-      wm.mask_base = p.mask_indptr[bz];
-      wm.mask_ok = Nm == 0 || (wm.mask_base >= 0 && wm.mask_base + static_cast<int64_t>(Nm) * wm.KV <= p.mask_len);
+      mask_window(p, bz, Nm, wm.KV, wm);
       const int row0 = blockIdx.x * BM + rg * 16 + g;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -380,7 +376,6 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  // the CTA's work again (a few cached loads once per CTA; held across the loop, they cost registers)
   store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, w.splits > 1, kh, tq);
 }
 

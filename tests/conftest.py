@@ -89,6 +89,23 @@ def oracle_selftest(session):
 '''
 
 
+def stamp_library(root: Path, data: bytes = b"stand-in kernel library\n") -> Path:
+    """Put a stand-in library in ``root``/build/lib with the build gate's stamp for ``root``'s
+    csrc/ as it is now: the library a GPU gate of the temporary project "ran" (records name it,
+    kernel.library.provenance). Call it again after changing csrc/ to "rebuild"."""
+    import hashlib
+    import json
+
+    from kdtree_engine.kernel import build as B
+
+    lib = root / "build" / "lib" / B.LIB_NAME
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    lib.write_bytes(data)
+    stamp = {"stamp": "test", "csrc_sha256": B.csrc_hash(root), "library_sha256": hashlib.sha256(data).hexdigest()}
+    (lib.parent / (B.LIB_NAME + ".stamp.json")).write_text(json.dumps(stamp))
+    return lib
+
+
 @pytest.fixture
 def project_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A real git repository (branch main, one commit) laid out like the project:
@@ -108,6 +125,7 @@ def project_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "src" / "kdtree_engine" / "__init__.py").write_text('"""stand-in"""\n')
     (root / "README.md").write_text("temporary project\n")
     (root / ".gitignore").write_text("/build/\n__pycache__/\n.nox/\n")
+    stamp_library(root)
     git(root, "init", "-q", "-b", "main")
     git(root, "config", "user.name", "Pipeline Test")
     git(root, "config", "user.email", "pipeline-test@localhost")

@@ -126,7 +126,7 @@ def test_a_cached_build_counts_sass_it_could_not_count_before(tmp_path, monkeypa
     monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
     monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
     archs = B.parse_archs(None)
-    flags = B.BASE_FLAGS + [B.gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+    flags = B.flags_for(archs)
     root = B.evidence.repo_root()
     (tmp_path / B.LIB_NAME).write_bytes(b"lib")
     stamp_file = tmp_path / (B.LIB_NAME + ".stamp.json")
@@ -163,3 +163,106 @@ def test_sass_counts_finds_cuobjdump_once(tmp_path, monkeypatch):
     assert counts["sm_90a"] == {**dict.fromkeys(B.SASS_FAMILIES, 0), "HMMA": 2, "LDSM": 1}
     monkeypatch.setattr(B, "find_cuobjdump", lambda: None)
     assert B.sass_counts(tmp_path / "lib.so", ["sm_90a"]) == {}
+
+
+def test_the_gate_and_the_variant_tool_run_one_nvcc_command(tmp_path, monkeypatch):
+    """build() compiles with nvcc_command(), the command tools/build_variant.py prints: a variant
+    differs from the gate's library only by the flags it adds (placed after the gate's)."""
+    import subprocess
+
+    from kdtree_engine.kernel import build as B
+
+    monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
+    monkeypatch.setattr(B, "sass_counts", lambda lib, archs: {})
+    seen = []
+
+    def fake_nvcc(cmd, **k):
+        seen.append(cmd)
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"lib")
+        return subprocess.CompletedProcess(cmd, 0, LOG.format(serial="", spill=0), "")
+
+    monkeypatch.setattr(B.subprocess, "run", fake_nvcc)
+    archs = B.parse_archs(None)
+    B.build(out_dir=tmp_path, force=True)
+    root = B.evidence.repo_root()
+    assert seen == [B.nvcc_command(root, tmp_path / (B.LIB_NAME + ".tmp"), archs, nvcc="nvcc")]
+    variant = B.nvcc_command(root, tmp_path / "v.so", archs, ["-DX=1"])
+    gate = B.nvcc_command(root, tmp_path / "v.so", archs)
+    assert variant[: len(B.flags_for(archs)) + 1] == gate[: len(B.flags_for(archs)) + 1]
+    assert variant.index("-DX=1") == len(B.flags_for(archs)) + 1 and len(variant) == len(gate) + 1
+
+
+def test_a_library_names_the_sources_that_built_it(tmp_path, monkeypatch):
+    """build() stamps the csrc/ hash and the library's sha256; provenance() then says whether a
+    library is this tree's build: True for it, False once csrc/ changes or the file is replaced,
+    None (with why) for a library without a stamp (a variant) or no library at all."""
+    import subprocess
+
+    from kdtree_engine.kernel import build as B
+    from kdtree_engine.kernel import library
+
+    monkeypatch.delenv("KDTREE_LIB", raising=False)
+    monkeypatch.setattr(library, "PACKAGED", tmp_path / "no-wheel" / B.LIB_NAME)
+    root = tmp_path / "tree"
+    (root / "csrc").mkdir(parents=True)
+    (root / "csrc" / "k.cu").write_text("// kernel\n")
+    monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
+    monkeypatch.setattr(B, "sass_counts", lambda lib, archs: {})
+
+    def fake_nvcc(cmd, **k):
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"compiled " + (root / "csrc" / "k.cu").read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, LOG.format(serial="", spill=0), "")
+
+    monkeypatch.setattr(B.subprocess, "run", fake_nvcc)
+    out = root / "build" / "lib"
+    assert library.provenance(root=root)["matches"] is None  # nothing built yet
+    res = B.build(out_dir=out, root=root)
+    prov = library.provenance(root=root)
+    assert prov["path"] == str(res.library) and prov["matches"] is True
+    assert prov["built_from_csrc"] == prov["tree_csrc"] == B.csrc_hash(root)
+    (root / "csrc" / "k.cu").write_text("// kernel, edited after the build\n")
+    stale = library.provenance(root=root)
+    assert stale["matches"] is False and "was built from csrc/" in stale["why"]
+    B.build(out_dir=out, root=root)  # the stamp no longer matches: rebuilt
+    assert library.provenance(root=root)["matches"] is True
+    res.library.write_bytes(b"copied over")
+    swapped = library.provenance(root=root)
+    assert swapped["matches"] is False and "not the file its build stamp describes" in swapped["why"]
+    variant = tmp_path / "v" / B.LIB_NAME
+    variant.parent.mkdir()
+    variant.write_bytes(b"a variant")
+    monkeypatch.setenv("KDTREE_LIB", str(variant))
+    v = library.provenance(root=root)
+    assert v["path"] == str(variant) and v["matches"] is None and "no readable build stamp" in v["why"]
+
+
+def test_a_stamp_from_before_provenance_gains_the_hashes_without_a_rebuild(tmp_path, monkeypatch):
+    """A stamp written before it named csrc/ and the library (same sources, same flags) is
+    completed in place, not rebuilt: the library then reads as this tree's."""
+    import json
+
+    from kdtree_engine.kernel import build as B
+    from kdtree_engine.kernel import library
+
+    monkeypatch.delenv("KDTREE_LIB", raising=False)
+    monkeypatch.setattr(library, "PACKAGED", tmp_path / "no-wheel" / B.LIB_NAME)
+    monkeypatch.setattr(B, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
+    monkeypatch.setattr(B, "sass_counts", lambda lib, archs: {"sm_90a": {"HMMA": 1}})
+    root = tmp_path / "tree"
+    (root / "csrc").mkdir(parents=True)
+    (root / "csrc" / "k.cu").write_text("// kernel\n")
+    out = root / "build" / "lib"
+    out.mkdir(parents=True)
+    (out / B.LIB_NAME).write_bytes(b"old build")
+    stamp = B._stamp(root, B.flags_for(B.parse_archs(None)), "13.0")
+    (out / (B.LIB_NAME + ".stamp.json")).write_text(json.dumps({"stamp": stamp, "kernels": {}, "sass": {"x": {}}}))
+
+    def no_compile(*a, **k):
+        raise AssertionError("an unchanged tree must not be compiled again")
+
+    monkeypatch.setattr(B.subprocess, "run", no_compile)
+    assert not B.build(out_dir=out, root=root).rebuilt
+    assert library.provenance(root=root)["matches"] is True

@@ -131,6 +131,45 @@ def test_wrong_content_hash_is_refused_naming_both(project_repo, tmp_path):
     assert _snapshot(project_repo) == before
 
 
+def test_a_gpu_gate_that_ran_another_library_is_refused(project_repo, tmp_path):
+    """Phase 1's gates ran a library that this tree's csrc/ did not build (a variant, a build
+    of older sources, a record from before records named their library): the recording is
+    refused, naming the library and why, and nothing changes. Phase 0's CPU gates are not
+    asked for a library."""
+    from conftest import stamp_library
+
+    write_evidence(project_repo, tmp_path / "ev0", 0)
+    record_phase(0, tmp_path / "ev0", root=project_repo)
+    variant = project_repo / "build" / "lib" / "v" / "libkdtree_verify.so"
+    variant.parent.mkdir(parents=True)
+    variant.write_bytes(b"a variant")
+    (project_repo / "csrc" / "extra.cuh").write_text("// a source the stamped library was not built from\n")
+    git(project_repo, "add", "-A")
+    git(project_repo, "commit", "-qm", "add a header")
+    cases = {
+        "variant": ({"library": {"path": str(variant), "matches": None, "why": "no readable build stamp"}},
+                    str(variant)),
+        "stale": ({}, "was built from csrc/"),  # the stamp names csrc/ before extra.cuh
+        "unnamed": ({"library": None}, "does not say which kernel library"),
+    }
+    for name, (override, expect) in cases.items():
+        ev = tmp_path / f"ev-{name}"
+        write_evidence(project_repo, ev, 1, **override)
+        before = _snapshot(project_repo)
+        with pytest.raises(PipelineError) as e:
+            record_phase(1, ev, root=project_repo)
+        assert expect in str(e.value) and "kernel library" in str(e.value), name
+        assert _snapshot(project_repo) == before
+    lib = stamp_library(project_repo)  # rebuilt from this csrc/: now the records prove this tree
+    write_evidence(project_repo, tmp_path / "ev-ok", 1)
+    assert record_phase(1, tmp_path / "ev-ok", root=project_repo).commit
+    import hashlib
+
+    md = plan.plan_paths(project_repo)[1].read_text()
+    phase1 = md.split("## Phase 1")[1].split("## Phase 2")[0]
+    assert f"| {hashlib.sha256(lib.read_bytes()).hexdigest()[:12]} |" in phase1  # the library column
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_corrupt_evidence_is_refused(project_repo, tmp_path, damage):
     write_evidence(project_repo, tmp_path / "ev", 0)

@@ -31,8 +31,7 @@ from kdtree_engine.kernel import build as B  # noqa: E402
 
 
 def command(root: Path, out: Path, archs: list[str], extra: list[str], nvcc: str = "nvcc") -> list[str]:
-    flags = B.BASE_FLAGS + [B.gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"'] + extra
-    return [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(out / B.LIB_NAME), *map(str, B.sources(root))]
+    return B.nvcc_command(root, out / B.LIB_NAME, archs, extra, nvcc)
 
 
 def extract_csrc(repo: Path, rev: str, dest: Path) -> str:

@@ -20,6 +20,9 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs, l.kernel_name(0))" || {
   echo "carried library does not load; building here"; python3 -m kdtree_engine build --force; }
+# whether this tree's csrc/ built it: a GPU gate's record names it, and `invoke record` refuses
+# one that ran another tree's library (pipeline.run.check_library)
+python3 -c "from kdtree_engine.kernel import library; p = library.provenance(); print('library provenance:', p['matches'], p['why'] or '')"
 # STEP_TIMEOUT (s) bounds the oracle and A/B steps: an experimental kernel that hangs
 # costs that much device time, not the whole call
 T="timeout -k 5 ${STEP_TIMEOUT:-1200}"

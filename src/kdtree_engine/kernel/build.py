@@ -5,7 +5,10 @@
 One ``-gencode`` per target arch, a static CUDA runtime (so the library loads
 through ctypes in any Python), ``-Xptxas -v`` for per-kernel registers and
 spills, and a stamp (sources + flags + nvcc version) so that an unchanged tree
-is not rebuilt. The gate fails on a missing nvcc, a compile error (the
+is not rebuilt. The stamp also names the csrc/ hash and the library's sha256: a GPU
+gate's evidence says which library it ran and whether this tree built it
+(kernel.library.provenance), and a plan records no GPU proof of a library that
+another tree built. The gate fails on a missing nvcc, a compile error (the
 compiler's own message is printed), any spill (no kernel here declares one) or
 a wgmma pipeline that ptxas serialized (any of its "wgmma.mma_async instructions
 are serialized" notes: C7514, a non-wgmma instruction touches an accumulator while
@@ -120,11 +123,25 @@ def sources(root: Path) -> list[Path]:
     return cu + sorted(csrc.glob("*.cc"))  # host-only C++ (config.cc: the kernel/tile choice)
 
 
-def _stamp(root: Path, flags: list[str], nvcc_v: str) -> str:
+def csrc_hash(root: Path) -> str:
+    """sha256 over (path, bytes) of every file under ``root``/csrc: the sources a library is
+    compiled from. The build stamp records it, and a gate's evidence compares the library it
+    ran against this tree's (kernel.library.provenance)."""
     h = hashlib.sha256()
-    for p in sorted((root / "csrc").rglob("*")):
+    for p in sorted((Path(root) / "csrc").rglob("*")):
         if p.is_file():
             h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _stamp(root: Path, flags: list[str], nvcc_v: str, src_hash: str | None = None) -> str:
+    """The build's identity: csrc/'s hash (``src_hash``, else csrc_hash(root)), the flags and
+    nvcc's version."""
+    h = hashlib.sha256((src_hash or csrc_hash(root)).encode())
     h.update(json.dumps([flags, nvcc_v]).encode())
     return h.hexdigest()
 
@@ -218,6 +235,18 @@ def sass_counts(library: Path, archs: list[str]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def flags_for(archs: list[str]) -> list[str]:
+    """The gate's nvcc flags for ``archs``: BASE_FLAGS, one gencode each, and KDTREE_ARCHS."""
+    return BASE_FLAGS + [gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+
+
+def nvcc_command(root: Path, out: Path, archs: list[str], extra: list[str] = (), nvcc: str = "nvcc") -> list[str]:
+    """The gate's nvcc command line: ``root``'s csrc/ into the library ``out``, with ``extra``
+    flags after the gate's (tools/build_variant.py builds its A/B variants with it)."""
+    return [nvcc, *flags_for(archs), *extra, "-I", str(Path(root) / "csrc"), "-o", str(out),
+            *map(str, sources(Path(root)))]
+
+
 def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bool = False,
           root: Path | None = None) -> BuildResult:
     root = root or evidence.repo_root()
@@ -227,23 +256,27 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     out_dir = Path(out_dir) if out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / LIB_NAME
-    flags = BASE_FLAGS + [gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
+    flags = flags_for(archs)
     stamp_file = out_dir / (LIB_NAME + ".stamp.json")
-    stamp = _stamp(root, flags, nvcc_v)
+    src_hash = csrc_hash(root)
+    stamp = _stamp(root, flags, nvcc_v, src_hash)
     if not force and lib.is_file() and stamp_file.is_file():
         try:
             old = json.loads(stamp_file.read_text())
         except ValueError:
             old = {}
         if old.get("stamp") == stamp:
-            sass = old.get("sass") or {}
-            if not sass:  # counted where cuobjdump was missing: count now if it is here, and keep it
-                sass = sass_counts(lib, archs)
-                if sass:
-                    stamp_file.write_text(json.dumps({**old, "sass": sass}, indent=1))
+            new = dict(old)
+            if not old.get("sass"):  # counted where cuobjdump was missing: count now if it is here, and keep it
+                new["sass"] = sass_counts(lib, archs) or {}
+            if "csrc_sha256" not in old:  # a stamp from before provenance: the stamp matched, so did csrc/
+                new.update(csrc_sha256=src_hash, library_sha256=file_sha256(lib))
+            if new != old:
+                stamp_file.write_text(json.dumps(new, indent=1))
+            old, sass = new, new.get("sass") or {}
             return BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), sass, old.get("log", ""))
     tmp = out_dir / (LIB_NAME + ".tmp")
-    cmd = [nvcc, *flags, "-I", str(root / "csrc"), "-o", str(tmp), *map(str, sources(root))]
+    cmd = nvcc_command(root, tmp, archs, nvcc=nvcc)
     r = subprocess.run(cmd, capture_output=True, text=True)
     log = r.stdout + r.stderr
     if r.returncode != 0:
@@ -252,7 +285,10 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     os.replace(tmp, lib)
     kernels = parse_ptxas(log)
     sass = sass_counts(lib, archs)
-    stamp_file.write_text(json.dumps({"stamp": stamp, "kernels": kernels, "sass": sass, "log": log}, indent=1))
+    # csrc_sha256 and library_sha256: what kernel.library.provenance checks a gate's library by
+    stamp_file.write_text(json.dumps({"stamp": stamp, "csrc_sha256": src_hash,
+                                      "library_sha256": file_sha256(lib), "kernels": kernels, "sass": sass,
+                                      "log": log}, indent=1))
     return BuildResult(lib, True, archs, flags, nvcc_v, kernels, sass, log)
 
 

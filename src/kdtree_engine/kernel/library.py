@@ -124,9 +124,10 @@ def bind_choose_config(lib: ctypes.CDLL):
 PACKAGED = Path(__file__).resolve().parents[1] / "_lib" / LIB_NAME
 
 
-def default_library_path() -> Path:
+def default_library_path(root: Path | None = None) -> Path:
     """``KDTREE_LIB`` (an explicit choice wins), else the library packaged in the wheel,
-    else the checkout's ``build/lib`` (editable installs, ``python -m kdtree_engine build``)."""
+    else the checkout's ``build/lib`` (editable installs, ``python -m kdtree_engine build``);
+    ``root`` names the checkout (default: the one around the working directory)."""
     env = os.environ.get("KDTREE_LIB")
     if env:
         return Path(env)
@@ -134,6 +135,8 @@ def default_library_path() -> Path:
         return PACKAGED
     from kdtree_engine.kernel.build import default_out_dir
 
+    if root is not None:
+        return Path(root) / "build" / "lib" / LIB_NAME
     try:
         return default_out_dir() / LIB_NAME
     except Exception as e:  # noqa: BLE001 - no checkout around (an installed wheel without its library)
@@ -141,6 +144,50 @@ def default_library_path() -> Path:
             f"no kernel library: none packaged at {PACKAGED} and no kdtree-engine checkout to find "
             f"build/lib in ({e}); install the wheel (it ships the library) or set KDTREE_LIB"
         ) from None
+
+
+STAMP_SUFFIX = ".stamp.json"  # the build gate's stamp beside the library (kernel.build)
+
+
+def provenance(path: Path | str | None = None, root: Path | None = None) -> dict:
+    """Which kernel library a gate runs, and whether this checkout's csrc/ built it: the path
+    (``default_library_path(root)`` unless given), the file's sha256, and from the build stamp
+    beside it the csrc/ hash it was compiled from. ``matches`` is True when that hash is
+    ``root``'s csrc/ hash and the file is the one the stamp describes; False when either
+    differs (a build of older sources, a file copied over the build); None when it cannot
+    tell (no such file; no stamp, as for a variant from tools/build_variant.py; a stamp
+    without the hashes); ``why`` says which. Reads files only: no GPU, nothing loaded."""
+    import json
+
+    from kdtree_engine.kernel import build as B
+    from kdtree_engine.pipeline import evidence
+
+    root = Path(root) if root is not None else evidence.repo_root()
+    p = Path(path) if path is not None else default_library_path(root)
+    out = {"path": str(p), "sha256": None, "built_from_csrc": None, "tree_csrc": B.csrc_hash(root),
+           "matches": None, "why": None}
+    if not p.is_file():
+        out["why"] = f"no library at {p}"
+        return out
+    out["sha256"] = B.file_sha256(p)
+    stamp_file = p.with_name(p.name + STAMP_SUFFIX)
+    try:
+        stamp = json.loads(stamp_file.read_text())
+    except (OSError, ValueError) as e:
+        out["why"] = f"no readable build stamp at {stamp_file} ({e.__class__.__name__}): not built by the build gate"
+        return out
+    built, lib_sha = stamp.get("csrc_sha256"), stamp.get("library_sha256")
+    out["built_from_csrc"] = built
+    if not built or not lib_sha:
+        out["why"] = f"the build stamp {stamp_file} names no csrc/ or library hash (rebuild it)"
+    elif lib_sha != out["sha256"]:
+        out["matches"], out["why"] = False, f"{p} is not the file its build stamp describes (sha256 {lib_sha[:12]})"
+    elif built != out["tree_csrc"]:
+        out["matches"], out["why"] = False, (f"{p} was built from csrc/ {built[:12]}, this tree's csrc/ is "
+                                             f"{out['tree_csrc'][:12]}")
+    else:
+        out["matches"] = True
+    return out
 
 
 class Library:

@@ -160,6 +160,17 @@ def device_info() -> dict[str, Any] | None:
         return None
 
 
+def library_provenance(root: Path) -> dict[str, Any]:
+    """kernel.library.provenance for ``root``, or what kept it from being read (never raises:
+    a record is still written, and a GPU gate's then cannot be recorded into a plan)."""
+    try:
+        from kdtree_engine.kernel import library
+
+        return library.provenance(root=root)
+    except Exception as e:  # noqa: BLE001 - provenance is reported, not a reason to lose the record
+        return {"path": None, "matches": None, "why": f"provenance not read: {e.__class__.__name__}: {e}"}
+
+
 def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -175,14 +186,20 @@ def make_record(
     details: dict[str, Any] | None = None,
     device: dict[str, Any] | None | str = "auto",
     root: Path | None = None,
+    library: dict[str, Any] | None | str = "auto",
 ) -> dict[str, Any]:
     """Build an evidence record. ``headline`` is the one-line figure the plan
     shows; ``reason`` says why a failed gate failed; ``details`` holds the bulk
     (per-case results) and stays out of the plan. ``variant`` names one of
     several configurations of a gate (the bench gate's suite: ``micro``,
-    ``long-context``); the file is then ``<gate>-<variant>.json``."""
+    ``long-context``); the file is then ``<gate>-<variant>.json``. ``library``: which kernel
+    library the gate ran and whether this tree's csrc/ built it (``auto``:
+    :func:`kdtree_engine.kernel.library.provenance` for ``root``); a plan records a GPU
+    gate's proof only where it did (pipeline.run.load_evidence)."""
     root = root or repo_root()
     commit, dirty = git_commit(root)
+    if library == "auto":
+        library = library_provenance(root)
     return {
         "schema": SCHEMA,
         "gate": gate,
@@ -195,6 +212,7 @@ def make_record(
         "device": device_info() if device == "auto" else device,
         "versions": versions(),
         "code": {"commit": commit, "dirty": dirty, "content_hash": content_hash(root)},
+        "library": library,
         "host": platform.node(),
         # Where the gate ran: lets the plan make paths in metrics relative (the
         # evidence file itself is not committed; the plan keeps nothing machine-local).

@@ -45,7 +45,7 @@ MAX_KEY_METRICS = 8
 #: never makes a phase "changed".
 RUN_METRICS = frozenset({"seconds", "rebuilt", "out_dir"})
 #: Summary fields that say when and from which commit, not what was proven.
-RUN_FIELDS = frozenset({"time_utc", "commit"})
+RUN_FIELDS = frozenset({"time_utc", "commit", "library"})  # a rebuild of the same sources is the same result
 
 
 class PlanError(ValueError):
@@ -127,6 +127,7 @@ def _check_state(state: Any, where: str) -> dict[str, Any]:
                 ev["metrics"] = local_free_metrics(ev.get("metrics") or {}, None)
                 ev.setdefault("plots", [])  # schema 1 kept no plot names
                 ev.setdefault("versions", {})
+                ev.setdefault("library", None)  # recorded before records named their library
             g["evidence"] = ev
     return fresh
 
@@ -221,6 +222,8 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
         "device": device,
         "commit": code.get("commit"),
         "content_hash": code.get("content_hash"),
+        # the kernel library the gate ran, when this tree's csrc/ built it (kernel.library.provenance)
+        "library": lib.get("sha256") if isinstance(lib := record.get("library"), dict) and lib.get("matches") else None,
         "time_utc": record.get("time_utc"),
         "versions": {k: v for k, v in sorted((record.get("versions") or {}).items()) if v},
         "plots": plots,

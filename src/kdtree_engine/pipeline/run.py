@@ -136,6 +136,25 @@ def here_content_hash(root: Path) -> tuple[str, str]:
     return h, " (HEAD)"
 
 
+def check_library(path: Path, rec: dict[str, Any]) -> None:
+    """A GPU gate's record proves this tree's code only if the kernel library it ran was built
+    from this tree's csrc/ (its ``library`` provenance, evidence.make_record): a variant
+    (tools/build_variant.py, KDTREE_LIB), a build of older sources or an unstamped file is
+    refused, naming the library and why."""
+    lib = rec.get("library")
+    if not isinstance(lib, dict):
+        raise PipelineError(
+            f"evidence file {path}: it does not say which kernel library the {rec['gate']} gate ran "
+            "(made before records named it); re-run the gate on this code"
+        )
+    if lib.get("matches") is not True:
+        raise PipelineError(
+            f"evidence file {path}: the {rec['gate']} gate ran the kernel library {lib.get('path')}, which "
+            f"this tree's csrc/ did not build ({lib.get('why') or 'no reason recorded'}); build it with "
+            "`python -m kdtree_engine build` and re-run the gate, without KDTREE_LIB"
+        )
+
+
 def load_evidence(p: Phase, evidence_dir: Path, root: Path, *, allow_missing: bool = False
                   ) -> dict[str, dict[str, Any]]:
     """Load and check each gate's record: present, readable, passed, for that gate,
@@ -165,6 +184,8 @@ def load_evidence(p: Phase, evidence_dir: Path, root: Path, *, allow_missing: bo
                 f"evidence file {path} was made on code with content hash {got_hash}, but "
                 f"src/ and csrc/ here hash to {current}; re-run the gate on this code"
             )
+        if g.needs_gpu:
+            check_library(path, rec)
         records[g.stem] = rec
     return records
 
