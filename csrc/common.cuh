@@ -48,6 +48,19 @@ constexpr float LN2 = 0.6931471805599453f;
 // stale maximum (values up to 2^8, exact after the final division by l).
 constexpr float RESCALE_LOG2 = 8.f;
 constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
+// Split-KV partial outputs in bf16 (FlashInfer's choice: its decode keeps them in the output
+// type, only the LSEs in fp32) or fp32 (FlashMLA's, the default). bf16 halves the bytes the
+// main kernel writes and the combine reads, at one more bf16 rounding per split (kernel-notes
+// Q7 simulates it). The workspace keeps the fp32 layout, so the ABI does not change: the
+// LSEs stay where they are and half of the partials' region goes unused.
+#ifndef KDTREE_PARTIALS_BF16
+#define KDTREE_PARTIALS_BF16 0
+#endif
+#if KDTREE_PARTIALS_BF16
+using part_t = __nv_bfloat16;
+#else
+using part_t = float;
+#endif
 constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
 
 struct Params {
@@ -71,7 +84,7 @@ struct Params {
   __nv_bfloat16* o;
   int64_t o_st, o_sh;
   float* lse;
-  float* o_part;     // [num_splits, T*H, 512]
+  part_t* o_part;    // [num_splits, T*H, 512]
   float* lse_part;   // [num_splits, T*H]
   int* err;
   int bs, H, max_n, T, num_splits;  // num_splits: the grid's (the most any request takes, split_plan)
@@ -342,7 +355,7 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 }
 // Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
 // half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
-// o when the request has one split, fp32 normalised partials plus LSE to the workspace
+// o when the request has one split, normalised partials (part_t) plus LSE to the workspace
 // (`partial`: it has several, Work::splits).
 __device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
                                            const float* l_run, int r0, int rows, int qo_start,
@@ -357,10 +370,16 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
     const int tok = rr / H, head = rr % H;
     const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
     if (partial) {
-      float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
+      part_t* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
 #pragma unroll
-      for (int i = 0; i < 32; ++i)
+      for (int i = 0; i < 32; ++i) {
+#if KDTREE_PARTIALS_BF16
+        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
+            __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+#else
         *reinterpret_cast<float2*>(dst + i * 8) = make_float2(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+#endif
+      }
       if (half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
     } else {
       __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
