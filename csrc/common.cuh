@@ -58,6 +58,15 @@ constexpr int WS_HEADER = 256;            // bytes of workspace before the parti
 #ifndef KDTREE_PARTIALS_BF16
 #define KDTREE_PARTIALS_BF16 0
 #endif
+// KDTREE_PARTIALS_PACK=1 (fp32 partials only): the same fp32 values, paired by one shuffle round
+// into 16-byte stores (32 STG.128 per thread in place of 64 STG.64). It asks whether the store
+// instructions or the bytes cost the epilogue, with no change to the numbers.
+#ifndef KDTREE_PARTIALS_PACK
+#define KDTREE_PARTIALS_PACK 0
+#endif
+#if KDTREE_PARTIALS_PACK && KDTREE_PARTIALS_BF16
+#error "KDTREE_PARTIALS_PACK is the fp32 layout's packing; KDTREE_PARTIALS_BF16=2 packs bf16"
+#endif
 #if KDTREE_PARTIALS_BF16
 using part_t = __nv_bfloat16;
 #else
@@ -363,6 +372,36 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
                                            const float* l_run, int r0, int rows, int qo_start,
                                            int split, bool partial, int half, int tq) {
   const int H = p.H;
+#if KDTREE_PARTIALS_PACK
+  if (partial) {  // uniform over the CTA: fp32 partials in 16-byte stores
+    // Lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i. One round (xor 1) per two
+    // blocks 2m, 2m + 1 gives lane tq four consecutive columns 4c .. 4c + 3 (c = tq >> 1) of
+    // block 2m + (tq & 1): the even lane keeps block 2m, the odd one block 2m + 1. Every lane
+    // shuffles; only the stores are predicated (store_rows' bf16 packing says why).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = r0 + 8 * h;
+      const bool valid = rr < rows;
+      const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+      const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+      const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
+      part_t* row = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256;
+      const bool b = tq & 1;
+      const int c = tq >> 1;
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        const float2 e = make_float2(acc[4 * (2 * m) + 2 * h] * inv, acc[4 * (2 * m) + 2 * h + 1] * inv);
+        const float2 o = make_float2(acc[4 * (2 * m + 1) + 2 * h] * inv, acc[4 * (2 * m + 1) + 2 * h + 1] * inv);
+        const float2 send = b ? e : o, keep = b ? o : e;
+        const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
+        const float4 v = b ? make_float4(got.x, got.y, keep.x, keep.y) : make_float4(keep.x, keep.y, got.x, got.y);
+        if (valid) *reinterpret_cast<float4*>(row + (2 * m + b) * 8 + 4 * c) = v;
+      }
+      if (valid && half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
+    }
+    return;
+  }
+#endif
 #if KDTREE_PARTIALS_BF16 == 2
   if (partial) {  // uniform over the CTA: bf16 partials in 16-byte stores
     // Lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i. Two butterfly rounds
