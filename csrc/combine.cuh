@@ -1,8 +1,8 @@
 // kdtree-engine: the split-KV combine. A request of several splits (common.cuh
-// split_plan, at most num_splits) has its main-kernel CTAs write fp32 partial outputs
-// and their LSE per split into the workspace; these kernels merge them into the bf16
-// output (and the LSE). Rows of a request of one split were written by the main kernel
-// and are skipped. Launched (whenever num_splits > 1) as a programmatic dependent of
+// split_plan, at most num_splits) has its main-kernel CTAs write partial outputs (part_t:
+// fp32, or bf16 under KDTREE_PARTIALS_BF16) and their fp32 LSE per split into the
+// workspace; these kernels merge them in fp32 into the bf16 output (and the LSE). Rows
+// of a request of one split were written by the main kernel and are skipped. Launched (whenever num_splits > 1) as a programmatic dependent of
 // the main kernel (they wait in griddepcontrol.wait for its memory).
 #pragma once
 
@@ -67,6 +67,18 @@ __device__ __forceinline__ float split_weight(float ls, float mx) {
   return ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);
 }
 
+// Four consecutive columns of a partial, as fp32 (part_t: common.cuh).
+__device__ __forceinline__ float4 load_part4(const part_t* src) {
+#if KDTREE_PARTIALS_BF16
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+#else
+  return *reinterpret_cast<const float4*>(src);
+#endif
+}
+
 __device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,
                                               float mx, int64_t grow, bool lse_writer) {
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -95,7 +107,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const P
       if (ls == -CUDART_INF_F) continue;  // weight 0 (split_weight): skip its partial's load
       const float wt = split_weight(ls, mx);
       sum += wt;
-      const float4 v = *reinterpret_cast<const float4*>(p.o_part + (s * TH + grow) * DV + c);
+      const float4 v = load_part4(p.o_part + (s * TH + grow) * DV + c);
       o.x += wt * v.x; o.y += wt * v.y; o.z += wt * v.z; o.w += wt * v.w;
     }
   }
@@ -134,13 +146,13 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
     combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
   };
   if (S <= G * COMBINE_ONE_PASS) {  // uniform over the CTA (one row)
-    const float* base = p.o_part + grow * DV + c;
+    const part_t* base = p.o_part + grow * DV + c;
     float4 v[COMBINE_ONE_PASS];
     float lm[COMBINE_ONE_PASS];  // splits grp, grp + G, ...: the same words for the whole group
 #pragma unroll
     for (int u = 0; u < COMBINE_ONE_PASS; ++u) {
       const int s = grp + u * G;
-      v[u] = s < S ? *reinterpret_cast<const float4*>(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[u] = s < S ? load_part4(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
       lm[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
     }
     float gm = -CUDART_INF_F;  // the group's maximum
@@ -214,13 +226,13 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
 
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   if (sum > 0.f) {
-    const float* base = p.o_part + grow * DV + c;
+    const part_t* base = p.o_part + grow * DV + c;
     for (int s0 = grp; s0 < S; s0 += G * COMBINE_UNROLL) {
       float4 v[COMBINE_UNROLL];
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {
         const int s = s0 + u * G;
-        v[u] = s < S ? *reinterpret_cast<const float4*>(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = s < S ? load_part4(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {

@@ -48,6 +48,30 @@ constexpr float LN2 = 0.6931471805599453f;
 // stale maximum (values up to 2^8, exact after the final division by l).
 constexpr float RESCALE_LOG2 = 8.f;
 constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
+// Split-KV partial outputs in bf16 (FlashInfer's choice: its decode keeps them in the output
+// type, only the LSEs in fp32) or fp32 (FlashMLA's, the default). 1: bf16, each thread's
+// 4-byte pieces as they lie in the mma layout; 2: bf16 gathered by shuffles into 16-byte stores
+// (store_rows). bf16 halves the bytes the main kernel writes and the combine reads, at one
+// more bf16 rounding per split (kernel-notes Q7 simulates it). The workspace keeps the fp32
+// layout, so the ABI does not change: the LSEs stay where they are and half of the partials'
+// region goes unused.
+#ifndef KDTREE_PARTIALS_BF16
+#define KDTREE_PARTIALS_BF16 0
+#endif
+// KDTREE_PARTIALS_PACK=1 (fp32 partials only): the same fp32 values, paired by one shuffle round
+// into 16-byte stores (32 STG.128 per thread in place of 64 STG.64). It asks whether the store
+// instructions or the bytes cost the epilogue, with no change to the numbers.
+#ifndef KDTREE_PARTIALS_PACK
+#define KDTREE_PARTIALS_PACK 0
+#endif
+#if KDTREE_PARTIALS_PACK && KDTREE_PARTIALS_BF16
+#error "KDTREE_PARTIALS_PACK is the fp32 layout's packing; KDTREE_PARTIALS_BF16=2 packs bf16"
+#endif
+#if KDTREE_PARTIALS_BF16
+using part_t = __nv_bfloat16;
+#else
+using part_t = float;
+#endif
 constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
 
 struct Params {
@@ -71,7 +95,7 @@ struct Params {
   __nv_bfloat16* o;
   int64_t o_st, o_sh;
   float* lse;
-  float* o_part;     // [num_splits, T*H, 512]
+  part_t* o_part;    // [num_splits, T*H, 512]
   float* lse_part;   // [num_splits, T*H]
   int* err;
   int bs, H, max_n, T, num_splits;  // num_splits: the grid's (the most any request takes, split_plan)
@@ -342,12 +366,79 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 }
 // Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
 // half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
-// o when the request has one split, fp32 normalised partials plus LSE to the workspace
+// o when the request has one split, normalised partials (part_t) plus LSE to the workspace
 // (`partial`: it has several, Work::splits).
 __device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
                                            const float* l_run, int r0, int rows, int qo_start,
                                            int split, bool partial, int half, int tq) {
   const int H = p.H;
+#if KDTREE_PARTIALS_PACK
+  if (partial) {  // uniform over the CTA: fp32 partials in 16-byte stores
+    // Lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i. One round (xor 1) per two
+    // blocks 2m, 2m + 1 gives lane tq four consecutive columns 4c .. 4c + 3 (c = tq >> 1) of
+    // block 2m + (tq & 1): the even lane keeps block 2m, the odd one block 2m + 1. Every lane
+    // shuffles; only the stores are predicated (store_rows' bf16 packing says why).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = r0 + 8 * h;
+      const bool valid = rr < rows;
+      const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+      const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+      const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
+      part_t* row = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256;
+      const bool b = tq & 1;
+      const int c = tq >> 1;
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        const float2 e = make_float2(acc[4 * (2 * m) + 2 * h] * inv, acc[4 * (2 * m) + 2 * h + 1] * inv);
+        const float2 o = make_float2(acc[4 * (2 * m + 1) + 2 * h] * inv, acc[4 * (2 * m + 1) + 2 * h + 1] * inv);
+        const float2 send = b ? e : o, keep = b ? o : e;
+        const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
+        const float4 v = b ? make_float4(got.x, got.y, keep.x, keep.y) : make_float4(keep.x, keep.y, got.x, got.y);
+        if (valid) *reinterpret_cast<float4*>(row + (2 * m + b) * 8 + 4 * c) = v;
+      }
+      if (valid && half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
+    }
+    return;
+  }
+#endif
+#if KDTREE_PARTIALS_BF16 == 2
+  if (partial) {  // uniform over the CTA: bf16 partials in 16-byte stores
+    // Lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i. Two butterfly rounds
+    // per four blocks 4j .. 4j + 3 give lane tq all 8 columns of block 4j + tq: round 1 (xor 1)
+    // leaves lanes 2c, 2c + 1 with columns 4c .. 4c + 3 of blocks b, 2 + b (b = tq & 1), round 2
+    // (xor 2) with 8 columns of block tq. One STG.128 per four blocks where the plain store
+    // takes four (the sm_120 tile's epilogue waited on its store queue, entry J6). Every lane
+    // shuffles, also those of rows past the request (the shuffles take the whole warp); only
+    // the stores are predicated.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = r0 + 8 * h;
+      const bool valid = rr < rows;
+      const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+      const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+      const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
+      part_t* row = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256;
+      const bool b = tq & 1, c = (tq >> 1) & 1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t w[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) w[u] = pack_bf16(acc[4 * (4 * j + u) + 2 * h] * inv, acc[4 * (4 * j + u) + 2 * h + 1] * inv);
+        const uint32_t r0w = __shfl_xor_sync(0xffffffffu, b ? w[0] : w[1], 1);
+        const uint32_t r1w = __shfl_xor_sync(0xffffffffu, b ? w[2] : w[3], 1);
+        const uint2 lo_blk = b ? make_uint2(r0w, w[1]) : make_uint2(w[0], r0w);  // block b, columns 4c ..
+        const uint2 hi_blk = b ? make_uint2(r1w, w[3]) : make_uint2(w[2], r1w);  // block 2 + b
+        const uint2 send = c ? lo_blk : hi_blk, keep = c ? hi_blk : lo_blk;
+        const uint2 got = make_uint2(__shfl_xor_sync(0xffffffffu, send.x, 2), __shfl_xor_sync(0xffffffffu, send.y, 2));
+        const uint2 first = c ? got : keep, second = c ? keep : got;  // columns 0-3, 4-7 of block 4j + tq
+        if (valid) *reinterpret_cast<uint4*>(row + (4 * j + tq) * 8) = make_uint4(first.x, first.y, second.x, second.y);
+      }
+      if (valid && half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
+    }
+    return;
+  }
+#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int rr = r0 + 8 * h;
@@ -357,10 +448,16 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
     const int tok = rr / H, head = rr % H;
     const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
     if (partial) {
-      float* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
+      part_t* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
 #pragma unroll
-      for (int i = 0; i < 32; ++i)
+      for (int i = 0; i < 32; ++i) {
+#if KDTREE_PARTIALS_BF16
+        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
+            __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+#else
         *reinterpret_cast<float2*>(dst + i * 8) = make_float2(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+#endif
+      }
       if (half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
     } else {
       __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +

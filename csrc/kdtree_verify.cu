@@ -184,8 +184,10 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   unsigned char* ws = static_cast<unsigned char*>(a->workspace);
   p.err = reinterpret_cast<int*>(ws);
   const int64_t rows = static_cast<int64_t>(a->total_tokens) * a->num_heads;
-  p.o_part = reinterpret_cast<float*>(ws + kdtree::WS_HEADER);
-  p.lse_part = p.o_part + rows * a->num_splits * kdtree::DV;
+  p.o_part = reinterpret_cast<kdtree::part_t*>(ws + kdtree::WS_HEADER);
+  // the LSEs after an fp32-sized partials region whatever part_t is (the workspace's layout
+  // is the ABI's: kdtree_verify.h)
+  p.lse_part = reinterpret_cast<float*>(ws + kdtree::WS_HEADER) + rows * a->num_splits * kdtree::DV;
   p.bs = a->bs;
   p.H = a->num_heads;
   p.max_n = a->max_n;
