@@ -1,9 +1,9 @@
 // kdtree-engine: the split-KV combine. A request of several splits (common.cuh
-// split_plan, at most num_splits) has its main-kernel CTAs write partial outputs (part_t:
-// fp32, or bf16 under KDTREE_PARTIALS_BF16) and their fp32 LSE per split into the
-// workspace; these kernels merge them in fp32 into the bf16 output (and the LSE). Rows
-// of a request of one split were written by the main kernel and are skipped. Launched (whenever num_splits > 1) as a programmatic dependent of
-// the main kernel (they wait in griddepcontrol.wait for its memory).
+// split_plan, at most num_splits) has its main-kernel CTAs write bf16 partial outputs
+// (part_t) and their fp32 LSE per split into the workspace; these kernels merge them in
+// fp32 into the bf16 output (and the LSE). Rows of a request of one split were written by
+// the main kernel and are skipped. Launched (whenever num_splits > 1) as a programmatic
+// dependent of the main kernel (they wait in griddepcontrol.wait for its memory).
 #pragma once
 
 #include "common.cuh"
@@ -69,14 +69,10 @@ __device__ __forceinline__ float split_weight(float ls, float mx) {
 
 // Four consecutive columns of a partial, as fp32 (part_t: common.cuh).
 __device__ __forceinline__ float4 load_part4(const part_t* src) {
-#if KDTREE_PARTIALS_BF16
   const uint2 raw = *reinterpret_cast<const uint2*>(src);
   const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
   const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
   return make_float4(a.x, a.y, b.x, b.y);
-#else
-  return *reinterpret_cast<const float4*>(src);
-#endif
 }
 
 __device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,

@@ -48,30 +48,11 @@ constexpr float LN2 = 0.6931471805599453f;
 // stale maximum (values up to 2^8, exact after the final division by l).
 constexpr float RESCALE_LOG2 = 8.f;
 constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
-// Split-KV partial outputs in bf16 (FlashInfer's choice: its decode keeps them in the output
-// type, only the LSEs in fp32) or fp32 (FlashMLA's, the default). 1: bf16, each thread's
-// 4-byte pieces as they lie in the mma layout; 2: bf16 gathered by shuffles into 16-byte stores
-// (store_rows). bf16 halves the bytes the main kernel writes and the combine reads, at one
-// more bf16 rounding per split (kernel-notes Q7 simulates it). The workspace keeps the fp32
-// layout, so the ABI does not change: the LSEs stay where they are and half of the partials'
-// region goes unused.
-#ifndef KDTREE_PARTIALS_BF16
-#define KDTREE_PARTIALS_BF16 0
-#endif
-// KDTREE_PARTIALS_PACK=1 (fp32 partials only): the same fp32 values, paired by one shuffle round
-// into 16-byte stores (32 STG.128 per thread in place of 64 STG.64). It asks whether the store
-// instructions or the bytes cost the epilogue, with no change to the numbers.
-#ifndef KDTREE_PARTIALS_PACK
-#define KDTREE_PARTIALS_PACK 0
-#endif
-#if KDTREE_PARTIALS_PACK && KDTREE_PARTIALS_BF16
-#error "KDTREE_PARTIALS_PACK is the fp32 layout's packing; KDTREE_PARTIALS_BF16=2 packs bf16"
-#endif
-#if KDTREE_PARTIALS_BF16
+// Split-KV partial outputs are bf16 (FlashInfer's choice: its decode keeps them in the output
+// type, only the LSEs in fp32; FlashMLA keeps fp32). It halves the bytes the main kernel
+// writes and the combine reads (17 MB -> 8.6 MB at bs1 N16 H8 64k), at one more bf16
+// rounding per split, merged in fp32 (docs/kernel-notes.md, entries Q7 and S1).
 using part_t = __nv_bfloat16;
-#else
-using part_t = float;
-#endif
 constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
 
 struct Params {
@@ -366,60 +347,35 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 }
 // Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
 // half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
-// o when the request has one split, normalised partials (part_t) plus LSE to the workspace
-// (`partial`: it has several, Work::splits).
+// o when the request has one split, bf16 normalised partials (part_t) plus the fp32 LSE to
+// the workspace (`partial`: it has several, Work::splits; uniform over the CTA).
+//
+// Partials in 16-byte stores: lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i.
+// Two butterfly rounds per four blocks 4j .. 4j + 3 give lane tq all 8 columns of block 4j + tq:
+// round 1 (xor 1) leaves lanes 2c, 2c + 1 with columns 4c .. 4c + 3 of blocks b, 2 + b
+// (b = tq & 1), round 2 (xor 2) with 8 columns of block tq. One STG.128 per four blocks where a
+// plain store takes four (the sm_120 tile's epilogue waited on its store queue, entry J6). Every
+// lane shuffles, also those of rows past the request (the shuffles take the whole warp); only
+// the stores are predicated.
 __device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
                                            const float* l_run, int r0, int rows, int qo_start,
                                            int split, bool partial, int half, int tq) {
   const int H = p.H;
-#if KDTREE_PARTIALS_PACK
-  if (partial) {  // uniform over the CTA: fp32 partials in 16-byte stores
-    // Lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i. One round (xor 1) per two
-    // blocks 2m, 2m + 1 gives lane tq four consecutive columns 4c .. 4c + 3 (c = tq >> 1) of
-    // block 2m + (tq & 1): the even lane keeps block 2m, the odd one block 2m + 1. Every lane
-    // shuffles; only the stores are predicated (store_rows' bf16 packing says why).
+  // row h's 1/l and natural-log LSE (an empty row: 0 and -inf)
+  auto norm = [&](int h, float& inv, float& lse) {
+    inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+    lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+  };
+  if (partial) {  // two loops, not one with a branch: one spills 8 B in the sm_120 tile (S1)
+    const bool b = tq & 1, c = (tq >> 1) & 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = r0 + 8 * h;
       const bool valid = rr < rows;
-      const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-      const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+      float inv, lse;
+      norm(h, inv, lse);
       const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
       part_t* row = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256;
-      const bool b = tq & 1;
-      const int c = tq >> 1;
-#pragma unroll
-      for (int m = 0; m < 16; ++m) {
-        const float2 e = make_float2(acc[4 * (2 * m) + 2 * h] * inv, acc[4 * (2 * m) + 2 * h + 1] * inv);
-        const float2 o = make_float2(acc[4 * (2 * m + 1) + 2 * h] * inv, acc[4 * (2 * m + 1) + 2 * h + 1] * inv);
-        const float2 send = b ? e : o, keep = b ? o : e;
-        const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
-        const float4 v = b ? make_float4(got.x, got.y, keep.x, keep.y) : make_float4(keep.x, keep.y, got.x, got.y);
-        if (valid) *reinterpret_cast<float4*>(row + (2 * m + b) * 8 + 4 * c) = v;
-      }
-      if (valid && half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
-    }
-    return;
-  }
-#endif
-#if KDTREE_PARTIALS_BF16 == 2
-  if (partial) {  // uniform over the CTA: bf16 partials in 16-byte stores
-    // Lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i. Two butterfly rounds
-    // per four blocks 4j .. 4j + 3 give lane tq all 8 columns of block 4j + tq: round 1 (xor 1)
-    // leaves lanes 2c, 2c + 1 with columns 4c .. 4c + 3 of blocks b, 2 + b (b = tq & 1), round 2
-    // (xor 2) with 8 columns of block tq. One STG.128 per four blocks where the plain store
-    // takes four (the sm_120 tile's epilogue waited on its store queue, entry J6). Every lane
-    // shuffles, also those of rows past the request (the shuffles take the whole warp); only
-    // the stores are predicated.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rr = r0 + 8 * h;
-      const bool valid = rr < rows;
-      const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-      const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
-      const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
-      part_t* row = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256;
-      const bool b = tq & 1, c = (tq >> 1) & 1;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t w[4];
@@ -438,36 +394,20 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
     }
     return;
   }
-#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int rr = r0 + 8 * h;
     if (rr >= rows) continue;
-    const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-    const float lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
+    float inv, lse;
+    norm(h, inv, lse);
     const int tok = rr / H, head = rr % H;
-    const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
-    if (partial) {
-      part_t* dst = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256 + tq * 2;
+    __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
+                         static_cast<int64_t>(head) * p.o_sh + half * 256 + tq * 2;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-#if KDTREE_PARTIALS_BF16
-        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
-            __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
-#else
-        *reinterpret_cast<float2*>(dst + i * 8) = make_float2(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
-#endif
-      }
-      if (half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
-    } else {
-      __nv_bfloat16* dst = p.o + static_cast<int64_t>(qo_start + tok) * p.o_st +
-                           static_cast<int64_t>(head) * p.o_sh + half * 256 + tq * 2;
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
-            __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
-      if (p.lse && half == 0 && tq == 0) p.lse[grow] = lse;
-    }
+    for (int i = 0; i < 32; ++i)
+      *reinterpret_cast<__nv_bfloat162*>(dst + i * 8) =
+          __floats2bfloat162_rn(acc[4 * i + 2 * h] * inv, acc[4 * i + 2 * h + 1] * inv);
+    if (p.lse && half == 0 && tq == 0) p.lse[static_cast<int64_t>(qo_start) * H + rr] = lse;
   }
 }
 

@@ -105,7 +105,7 @@ int kdtree_device_config(int device, int32_t target, KdtreeConfig* out) {
 int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
   if (total_rows < 0 || num_splits < 1) return -1;
   if (num_splits == 1) return kdtree::WS_HEADER;
-  const int64_t o = total_rows * num_splits * kdtree::DV * 4;
+  const int64_t o = total_rows * num_splits * kdtree::DV * static_cast<int64_t>(sizeof(kdtree::part_t));
   const int64_t l = total_rows * num_splits * 4;
   return kdtree::WS_HEADER + o + ((l + 255) / 256) * 256;
 }
@@ -185,9 +185,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   p.err = reinterpret_cast<int*>(ws);
   const int64_t rows = static_cast<int64_t>(a->total_tokens) * a->num_heads;
   p.o_part = reinterpret_cast<kdtree::part_t*>(ws + kdtree::WS_HEADER);
-  // the LSEs after an fp32-sized partials region whatever part_t is (the workspace's layout
-  // is the ABI's: kdtree_verify.h)
-  p.lse_part = reinterpret_cast<float*>(ws + kdtree::WS_HEADER) + rows * a->num_splits * kdtree::DV;
+  p.lse_part = reinterpret_cast<float*>(p.o_part + rows * a->num_splits * kdtree::DV);  // after the partials (16-byte aligned)
   p.bs = a->bs;
   p.H = a->num_heads;
   p.max_n = a->max_n;
