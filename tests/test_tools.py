@@ -220,33 +220,3 @@ def test_partials_precision_simulates_the_merge_and_scores_it_with_the_oracle(ca
     assert pp.main(["--cases", "4,2,x,1"]) == 2
     assert pp.main(["--cases", "4,2,100"]) == 2
     assert "--cases" in capsys.readouterr().err
-
-
-def _clearing_block(tmp: Path) -> str:
-    """The script's start-of-call block that moves an earlier call's results aside, with /tmp/
-    pointed at ``tmp``."""
-    text = SCRIPT.read_text()
-    start = text.index('if [ "${KEEP_RESULTS')
-    end = text.index("\nfi\n", start) + 4
-    return text[start:end].replace("/tmp/", f"{tmp}/")
-
-
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("keep", ["0", "1"])
-def test_gpu_session_starts_without_an_earlier_calls_results(tmp_path, keep):
-    """A machine's /tmp may hold an earlier session's bench records (session S): unless
-    KEEP_RESULTS=1, they are moved out of the folders that results.tgz packs."""
-    for d in ("ev", "bench"):
-        (tmp_path / d).mkdir()
-        (tmp_path / d / "stale.json").write_text("{}")
-    r = subprocess.run(["bash", "-c", _clearing_block(tmp_path)], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "KEEP_RESULTS": keep})
-    assert r.returncode == 0, r.stderr
-    kept = all((tmp_path / d / "stale.json").exists() for d in ("ev", "bench"))
-    moved = sorted(p.name for p in tmp_path.glob("prev-*"))
-    if keep == "1":
-        assert kept and not moved
-    else:
-        assert not (tmp_path / "ev").exists() and not (tmp_path / "bench").exists()
-        assert len(moved) == 2 and all((tmp_path / m / "stale.json").exists() for m in moved)
-        assert "moved to" in r.stdout

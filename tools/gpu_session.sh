@@ -12,19 +12,9 @@
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
-#        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases),
-#        KEEP_RESULTS (1: keep /tmp/ev and /tmp/bench of an earlier call)
+#        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 set -uo pipefail
 commit=$1; shift
-# A fresh machine's /tmp is not always bare (session S found an earlier session's ncu reports
-# and bench records there): move what an earlier call left aside, so that results.tgz holds this
-# call's files only. KEEP_RESULTS=1 keeps them (a later call on the same warm machine adds to
-# them); otherwise merge the calls' ev/ folders on the CPU machine before `invoke record`.
-if [ "${KEEP_RESULTS:-0}" != 1 ]; then
-  for d in /tmp/ev /tmp/bench /tmp/integrate-logs; do
-    if [ -e "$d" ]; then old=/tmp/prev-$(date -u +%H%M%S)-$(basename $d); mv "$d" "$old"; echo "earlier $d moved to $old (not packed)"; fi
-  done
-fi
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=/tmp/ev
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
