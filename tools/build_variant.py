@@ -30,10 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kdtree_engine.kernel import build as B  # noqa: E402
 
 
-def command(root: Path, out: Path, archs: list[str], extra: list[str], nvcc: str = "nvcc") -> list[str]:
-    return B.nvcc_command(root, out / B.LIB_NAME, archs, extra, nvcc)
-
-
 def extract_csrc(repo: Path, rev: str, dest: Path) -> str:
     """Write csrc/ as commit ``rev`` of the git repository ``repo`` holds it into ``dest``/csrc;
     returns the commit's full sha. A ValueError names a rev git cannot resolve or a commit
@@ -92,7 +88,7 @@ def build(args: argparse.Namespace, root: Path, source: str = "--root") -> int:
         print(f"{source}: expected a source tree with csrc/kdtree_verify.cu, got {root}", file=sys.stderr)
         return 2
     archs = B.parse_archs(None)
-    cmd = command(root, args.out, archs, args.extra, "nvcc" if args.dry_run else B.find_nvcc())
+    cmd = B.nvcc_command(root, args.out / B.LIB_NAME, archs, args.extra, "nvcc" if args.dry_run else B.find_nvcc())
     print(f"build_variant: csrc {root / 'csrc'} -> {args.out / B.LIB_NAME} ({', '.join(archs)}; extra: "
           f"{' '.join(args.extra) or 'none'})")
     if args.dry_run:
@@ -106,10 +102,10 @@ def build(args: argparse.Namespace, root: Path, source: str = "--root") -> int:
         print(log[-4000:], file=sys.stderr)
         print(f"build_variant: nvcc failed (exit {r.returncode})", file=sys.stderr)
         return 1
-    spilled = False
-    for arch, kernels in B.parse_ptxas(log).items():
-        for name, v in kernels.items():
-            spilled |= bool(v["spill_stores"] or v["spill_loads"])
+    kernels = B.parse_ptxas(log)
+    spilled = bool(B.spills(B.BuildResult(args.out / B.LIB_NAME, True, archs, [], "", kernels)))  # the gate's rule
+    for arch, ks in kernels.items():
+        for name, v in ks.items():
             print(f"  {arch:8} {name:34} {v['registers']:4} regs  stack {v['stack']:3} B  "
                   f"spills {v['spill_stores']}/{v['spill_loads']} B")
     print(f"build_variant: built in {time.time() - t:.0f} s" + ("; SPILLS (the build gate refuses them)" if spilled else ""))

@@ -91,6 +91,10 @@ def tile_count(rows: list[dict]) -> int:
     return peak
 
 
+def _sample_sum(seg: list[dict]) -> float:
+    return sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in seg)
+
+
 def _samples(seg: list[dict], stall_cols: list[str], top: int) -> tuple[float, list[tuple[str, float]]]:
     """A run of instructions' samples, and its ``top`` stall reasons as % of their samples."""
     stalls = Counter()
@@ -98,14 +102,13 @@ def _samples(seg: list[dict], stall_cols: list[str], top: int) -> tuple[float, l
         for c in stall_cols:
             stalls[c[len("stall_"):]] += float(r[c] or 0)
     st = sum(stalls.values()) or 1.0
-    samples = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in seg)
-    return samples, [(k, 100.0 * v / st) for k, v in stalls.most_common(top) if v]
+    return _sample_sum(seg), [(k, 100.0 * v / st) for k, v in stalls.most_common(top) if v]
 
 
 def _columns(rows: list[dict]) -> tuple[list[str], float]:
     """The page's stall-reason columns (all samples, not the not-issued ones) and its total samples."""
     stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
-    return stall_cols, sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
+    return stall_cols, _sample_sum(rows) or 1.0
 
 
 def summarize(rows: list[dict]) -> list[dict]:
