@@ -93,7 +93,6 @@ def stamp_library(root: Path, data: bytes = b"stand-in kernel library\n") -> Pat
     """Put a stand-in library in ``root``/build/lib with the build gate's stamp for ``root``'s
     csrc/ as it is now: the library a GPU gate of the temporary project "ran" (records name it,
     kernel.library.provenance). Call it again after changing csrc/ to "rebuild"."""
-    import hashlib
     import json
 
     from kdtree_engine.kernel import build as B
@@ -101,7 +100,7 @@ def stamp_library(root: Path, data: bytes = b"stand-in kernel library\n") -> Pat
     lib = root / "build" / "lib" / B.LIB_NAME
     lib.parent.mkdir(parents=True, exist_ok=True)
     lib.write_bytes(data)
-    stamp = {"stamp": "test", "csrc_sha256": B.csrc_hash(root), "library_sha256": hashlib.sha256(data).hexdigest()}
+    stamp = {"stamp": "test", "csrc_sha256": B.csrc_hash(root), "library_sha256": B.file_sha256(lib)}
     (lib.parent / (B.LIB_NAME + ".stamp.json")).write_text(json.dumps(stamp))
     return lib
 
