@@ -103,7 +103,10 @@ def build(args: argparse.Namespace, root: Path, source: str = "--root") -> int:
         print(f"build_variant: nvcc failed (exit {r.returncode})", file=sys.stderr)
         return 1
     kernels = B.parse_ptxas(log)
-    spilled = bool(B.spills(B.BuildResult(args.out / B.LIB_NAME, True, archs, [], "", kernels)))  # the gate's rule
+    result = B.BuildResult(args.out / B.LIB_NAME, True, archs, [], "", kernels)
+    spilled = bool(B.spills(result))  # the gate's rules
+    for k in B.serialized(result):
+        print(f"  wgmma SERIALIZED by ptxas: {k} (the build gate refuses it)")
     for arch, ks in kernels.items():
         for name, v in ks.items():
             print(f"  {arch:8} {name:34} {v['registers']:4} regs  stack {v['stack']:3} B  "
