@@ -130,7 +130,8 @@ def test_a_cached_build_counts_sass_it_could_not_count_before(tmp_path, monkeypa
     root = B.evidence.repo_root()
     (tmp_path / B.LIB_NAME).write_bytes(b"lib")
     stamp_file = tmp_path / (B.LIB_NAME + ".stamp.json")
-    stamp_file.write_text(json.dumps({"stamp": B._stamp(root, flags, "13.0"), "kernels": {}, "sass": {}, "log": ""}))
+    stamp = B._stamp(B.csrc_hash(root), flags, "13.0")
+    stamp_file.write_text(json.dumps({"stamp": stamp, "kernels": {}, "sass": {}, "log": ""}))
     counted = {a: {"HMMA": 1} for a in archs}
 
     def no_compile(*a, **k):
@@ -257,7 +258,7 @@ def test_a_stamp_from_before_provenance_gains_the_hashes_without_a_rebuild(tmp_p
     out = root / "build" / "lib"
     out.mkdir(parents=True)
     (out / B.LIB_NAME).write_bytes(b"old build")
-    stamp = B._stamp(root, B.flags_for(B.parse_archs(None)), "13.0")
+    stamp = B._stamp(B.csrc_hash(root), B.flags_for(B.parse_archs(None)), "13.0")
     (out / (B.LIB_NAME + ".stamp.json")).write_text(json.dumps({"stamp": stamp, "kernels": {}, "sass": {"x": {}}}))
 
     def no_compile(*a, **k):

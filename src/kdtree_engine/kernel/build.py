@@ -138,10 +138,9 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _stamp(root: Path, flags: list[str], nvcc_v: str, src_hash: str | None = None) -> str:
-    """The build's identity: csrc/'s hash (``src_hash``, else csrc_hash(root)), the flags and
-    nvcc's version."""
-    h = hashlib.sha256((src_hash or csrc_hash(root)).encode())
+def _stamp(src_hash: str, flags: list[str], nvcc_v: str) -> str:
+    """The build's identity: csrc/'s hash (:func:`csrc_hash`), the flags and nvcc's version."""
+    h = hashlib.sha256(src_hash.encode())
     h.update(json.dumps([flags, nvcc_v]).encode())
     return h.hexdigest()
 
@@ -259,7 +258,7 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     flags = flags_for(archs)
     stamp_file = out_dir / (LIB_NAME + ".stamp.json")
     src_hash = csrc_hash(root)
-    stamp = _stamp(root, flags, nvcc_v, src_hash)
+    stamp = _stamp(src_hash, flags, nvcc_v)
     if not force and lib.is_file() and stamp_file.is_file():
         try:
             old = json.loads(stamp_file.read_text())
