@@ -66,9 +66,13 @@ class BuildResult:
     log: str = ""
 
 
-def default_out_dir() -> Path:
+def default_out_dir(root: Path | None = None) -> Path:
+    """The library's folder: ``root``'s build/lib when a checkout is named, else
+    ``KDTREE_BUILD_DIR``, else build/lib of the checkout around the working directory."""
+    if root is not None:
+        return Path(root) / "build" / "lib"
     env = os.environ.get("KDTREE_BUILD_DIR")
-    return Path(env) if env else evidence.repo_root() / "build" / "lib"
+    return Path(env) if env else default_out_dir(evidence.repo_root())
 
 
 def parse_archs(values: list[str] | None) -> list[str]:

@@ -126,8 +126,8 @@ PACKAGED = Path(__file__).resolve().parents[1] / "_lib" / LIB_NAME
 
 def default_library_path(root: Path | None = None) -> Path:
     """``KDTREE_LIB`` (an explicit choice wins), else the library packaged in the wheel,
-    else the checkout's ``build/lib`` (editable installs, ``python -m kdtree_engine build``);
-    ``root`` names the checkout (default: the one around the working directory)."""
+    else the one in the build gate's folder, ``build.default_out_dir(root)`` (editable
+    installs, ``python -m kdtree_engine build``): ``root``'s build/lib when given."""
     env = os.environ.get("KDTREE_LIB")
     if env:
         return Path(env)
@@ -135,10 +135,8 @@ def default_library_path(root: Path | None = None) -> Path:
         return PACKAGED
     from kdtree_engine.kernel.build import default_out_dir
 
-    if root is not None:
-        return Path(root) / "build" / "lib" / LIB_NAME
     try:
-        return default_out_dir() / LIB_NAME
+        return default_out_dir(root) / LIB_NAME
     except Exception as e:  # noqa: BLE001 - no checkout around (an installed wheel without its library)
         raise KernelLibraryError(
             f"no kernel library: none packaged at {PACKAGED} and no kdtree-engine checkout to find "
