@@ -149,8 +149,9 @@ def test_split_plan_mirror_and_properties(tmp_path):
     per split at the least, every split non-empty and together covering every key; where
     the grid is what limits it, each split is exactly as long as the host-only schedule
     made it (whole 32-key tiles; for the sm90 kernel (128-key steps) whole pairs of
-    64-key blocks, never a padding block but at a request's end). The Python mirror the
-    fast-path test uses agrees with it everywhere."""
+    64-key blocks, never a padding block but at a request's end). The Python mirror
+    (op.split_plan: the fast-path test and tools/partials_precision.py use it) agrees with it
+    everywhere."""
     import shutil
     import subprocess
 
@@ -169,7 +170,7 @@ def test_split_plan_mirror_and_properties(tmp_path):
     for (kv, s, k), line in zip(cases, out, strict=True):
         splits, per = map(int, line.split())
         where = f"KV={kv} num_splits={s} split_keys={k}: splits={splits} per={per}"
-        assert (splits, per) == _split_plan(kv, s, k), where
+        assert (splits, per) == op.split_plan(kv, s, k), where
         assert 1 <= splits <= min(s, 1024) and splits <= max(1, -(-kv // 128)), where
         assert (splits - 1) * per * k < max(kv, 1) <= splits * per * k, where  # non-empty, all covered
         if s == 1:
@@ -382,16 +383,6 @@ def test_device_error_word_reports_a_bad_slot_until_it_is_read(monkeypatch, num_
     assert compare.compare(out, ref).passed
 
 
-def _split_plan(kv: int, num_splits: int, split_keys: int) -> tuple[int, int]:
-    """csrc/common.cuh split_plan, for the tests' expectations: (splits, steps of
-    split_keys keys per split) of a request of kv keys. test_split_plan_mirror_and_properties
-    checks it against the compiled function."""
-    want = max(1, min(num_splits, 1024, -(-kv // op.SPLIT_MIN_KEYS)))
-    steps = max(1, -(-kv // split_keys))
-    per = -(-steps // want)
-    return -(-steps // per), per
-
-
 def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
     """Blocks of 32 key rows the sm_90a kernel should load through the contiguous fast
     path: in each split's key blocks (the device's schedule: whole pairs of 64-key blocks,
@@ -404,7 +395,7 @@ def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
         s = slots[kv_indptr[r] : kv_indptr[r + 1]]
         L = s.numel()
         ntiles = -(-(L + n) // 64)
-        splits, per = _split_plan(L + n, num_splits, 128)
+        splits, per = op.split_plan(L + n, num_splits, 128)
         loaded = []
         for t0 in range(0, 2 * per * splits, 2 * per):
             t1 = min(ntiles, t0 + 2 * per)

@@ -216,7 +216,8 @@ def test_partials_precision_simulates_the_merge_and_scores_it_with_the_oracle(ca
     many = pp.simulate(4, 2, 3000, 8, seed=0)
     assert many["fp32 partials"].passed and many["bf16 partials"].passed
     assert many["bf16 partials"].cos_diff >= many["fp32 partials"].cos_diff * 0.99
-    assert pp.split_bounds(100, 2) == [(0, 64), (64, 100)]
+    assert pp.split_bounds(300, 2) == [(0, 160), (160, 300)]
+    assert pp.split_bounds(100, 2) == [(0, 100)]  # ceil(100 / 128) = 1 split, as on the device
     assert pp.main(["--cases", "4,2,x,1"]) == 2
     assert pp.main(["--cases", "4,2,100"]) == 2
     assert "--cases" in capsys.readouterr().err

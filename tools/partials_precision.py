@@ -3,9 +3,10 @@
 
 One request of N drafts over a prefix of L keys, H heads: the oracle's own data
 (workloads.make_batch: a draft tree, random slots, its score scale) and its float64 reference
-(reference.verify_attention_ref). Each of S splits (contiguous runs of whole 32-key tiles, as split_plan cuts them) takes
-fp32 scores, P rounded to bf16 before P.V (as both kernels do), fp32 sums and a normalised
-partial; the splits merge by their LSEs as the combine does, and the output is rounded to
+(reference.verify_attention_ref). Each split of a grid of S (contiguous runs of whole 32-key
+tiles, as split_plan cuts them: at most ceil((L + N) / 128) splits) takes fp32 scores, P
+rounded to bf16 before P.V (as both kernels do), fp32 sums and a normalised partial; the
+splits merge by their LSEs as the combine does, and the output is rounded to
 bf16. The partials go to the merge in fp32 (what the kernels do) or rounded to bf16 (what
 FlashInfer's split-KV decode stores).
 
@@ -24,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from kdtree_engine.kernel import op  # noqa: E402
 from kdtree_engine.oracle import compare, reference, workloads  # noqa: E402
 
 D, DV, TILE = 576, 512, 32
@@ -32,9 +34,10 @@ DEFAULT_CASES = ((16, 8, 1024, 9), (16, 8, 4096, 33), (16, 8, 23000, 66), (16, 8
 
 
 def split_bounds(keys: int, splits: int) -> list[tuple[int, int]]:
-    steps = max(1, -(-keys // TILE))
-    per = -(-steps // splits)
-    return [(s * per * TILE, min(keys, (s + 1) * per * TILE)) for s in range(-(-steps // per))]
+    """[lo, hi) of each split of a request of ``keys`` keys under a grid of ``splits``, cut in
+    TILE-key steps as the device cuts them (op.split_plan: at most ceil(keys / 128) splits)."""
+    n, per = op.split_plan(keys, splits, TILE)
+    return [(s * per * TILE, min(keys, (s + 1) * per * TILE)) for s in range(n)]
 
 
 def simulate(n: int, heads: int, prefix: int, splits: int, seed: int) -> dict[str, compare.Diff]:

@@ -37,6 +37,21 @@ OP_NAME = "kdtree::verify_attention"
 WS_HEADER = 256
 #: a request of K keys takes ceil(K / SPLIT_MIN_KEYS) splits at most (csrc/common.cuh, the device's rule)
 SPLIT_MIN_KEYS = 128
+#: the most splits a request takes, whatever the grid (csrc/common.cuh: the combine's shared memory)
+MAX_SPLITS = 1024
+
+
+def split_plan(kv: int, num_splits: int, split_keys: int) -> tuple[int, int]:
+    """csrc/common.cuh ``split_plan``, the schedule every CTA computes on the device: (splits,
+    steps of ``split_keys`` keys per split) of a request of ``kv`` keys (prefix and drafts)
+    under a grid of ``num_splits``. ceil(kv / SPLIT_MIN_KEYS) splits, at most ``num_splits``
+    and MAX_SPLITS, then trimmed so that every split is non-empty; ``split_keys`` is the
+    kernel's step (Params::split_keys: a 32-key tile, or the sm90 kernel's 128-key pair of
+    blocks). tests/test_kernel_op.py checks it against the compiled C++."""
+    want = max(1, min(num_splits, MAX_SPLITS, -(-kv // SPLIT_MIN_KEYS)))
+    steps = max(1, -(-kv // split_keys))
+    per = -(-steps // want)
+    return -(-steps // per), per
 
 
 class VerifyArgumentError(ValueError):
