@@ -271,7 +271,8 @@ def test_a_stamp_from_before_provenance_gains_the_hashes_without_a_rebuild(tmp_p
 
 def test_the_library_is_looked_for_where_the_gate_writes_it(tmp_path, monkeypatch):
     """library.default_library_path is build.default_out_dir's library: KDTREE_BUILD_DIR (the
-    gate's folder) when no checkout is named, a named checkout's build/lib otherwise."""
+    gate's folder) when set, named checkout or not (so provenance(root=...) describes the file
+    load() opens), else the checkout's build/lib."""
     from kdtree_engine.kernel import build as B
     from kdtree_engine.kernel import library
 
@@ -280,7 +281,10 @@ def test_the_library_is_looked_for_where_the_gate_writes_it(tmp_path, monkeypatc
     monkeypatch.setenv("KDTREE_BUILD_DIR", str(tmp_path / "out"))
     assert B.default_out_dir() == tmp_path / "out"
     assert library.default_library_path() == tmp_path / "out" / B.LIB_NAME
+    assert B.default_out_dir(tmp_path / "tree") == tmp_path / "out"
+    assert library.default_library_path(tmp_path / "tree") == tmp_path / "out" / B.LIB_NAME
+    assert library.provenance(root=tmp_path / "tree")["path"] == str(library.default_library_path())
+    monkeypatch.delenv("KDTREE_BUILD_DIR")
     assert B.default_out_dir(tmp_path / "tree") == tmp_path / "tree" / "build" / "lib"
     assert library.default_library_path(tmp_path / "tree") == tmp_path / "tree" / "build" / "lib" / B.LIB_NAME
-    monkeypatch.delenv("KDTREE_BUILD_DIR")
     assert B.default_out_dir() == B.evidence.repo_root() / "build" / "lib"

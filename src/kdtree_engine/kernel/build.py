@@ -67,12 +67,14 @@ class BuildResult:
 
 
 def default_out_dir(root: Path | None = None) -> Path:
-    """The library's folder: ``root``'s build/lib when a checkout is named, else
-    ``KDTREE_BUILD_DIR``, else build/lib of the checkout around the working directory."""
-    if root is not None:
-        return Path(root) / "build" / "lib"
+    """The library's folder: ``KDTREE_BUILD_DIR`` (an explicit choice wins, as KDTREE_LIB does
+    for the file), else build/lib of ``root`` (default: the checkout around the working
+    directory). One rule for the build gate, the loader and a record's provenance, so that a
+    record names the file the gate loaded."""
     env = os.environ.get("KDTREE_BUILD_DIR")
-    return Path(env) if env else default_out_dir(evidence.repo_root())
+    if env:
+        return Path(env)
+    return Path(root or evidence.repo_root()) / "build" / "lib"
 
 
 def parse_archs(values: list[str] | None) -> list[str]:
