@@ -46,6 +46,18 @@ def test_usage_lists_the_variables_it_reads():
     assert read and not missing, f"undocumented: {sorted(missing)}"
 
 
+def test_each_invocation_starts_with_empty_evidence_and_reports():
+    """A warm device keeps /tmp between calls (entry T3): the script must empty the folders it
+    packs into results.tgz before its first step, or a call returns an earlier call's records."""
+    text = SCRIPT.read_text()
+    first_step = text.index("for step in")
+    clear = re.search(r"^rm -rf (.+)$", text[:first_step], re.M)
+    assert clear, "no rm -rf of the packed folders before the steps"
+    assert {"/tmp/ev", "/tmp/bench", "/tmp/integrate-logs"} <= set(clear.group(1).split())
+    pack = re.search(r"^pack\(\) \{ tar -czf .* -C /tmp ev bench ", text, re.M)
+    assert pack, "pack() no longer packs ev and bench: update this test with it"
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_script_parses():
     r = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)

@@ -15,6 +15,10 @@
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 set -uo pipefail
 commit=$1; shift
+# a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
+# results.tgz holds only what these steps wrote (session T's call 9 packed call 6's A/B rows: entry T3).
+# Two invocations in one device command: copy the first one's files to $OUT before the second.
+rm -rf /tmp/ev /tmp/bench /tmp/integrate-logs
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=/tmp/ev
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
