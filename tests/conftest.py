@@ -96,12 +96,13 @@ def stamp_library(root: Path, data: bytes = b"stand-in kernel library\n") -> Pat
     import json
 
     from kdtree_engine.kernel import build as B
+    from kdtree_engine.kernel import library
 
     lib = root / "build" / "lib" / B.LIB_NAME
     lib.parent.mkdir(parents=True, exist_ok=True)
     lib.write_bytes(data)
     stamp = {"stamp": "test", "csrc_sha256": B.csrc_hash(root), "library_sha256": B.file_sha256(lib)}
-    (lib.parent / (B.LIB_NAME + ".stamp.json")).write_text(json.dumps(stamp))
+    lib.with_name(lib.name + library.STAMP_SUFFIX).write_text(json.dumps(stamp))
     return lib
 
 

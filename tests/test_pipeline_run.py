@@ -163,11 +163,11 @@ def test_a_gpu_gate_that_ran_another_library_is_refused(project_repo, tmp_path):
     lib = stamp_library(project_repo)  # rebuilt from this csrc/: now the records prove this tree
     write_evidence(project_repo, tmp_path / "ev-ok", 1)
     assert record_phase(1, tmp_path / "ev-ok", root=project_repo).commit
-    import hashlib
+    from kdtree_engine.kernel import build
 
     md = plan.plan_paths(project_repo)[1].read_text()
     phase1 = md.split("## Phase 1")[1].split("## Phase 2")[0]
-    assert f"| {hashlib.sha256(lib.read_bytes()).hexdigest()[:12]} |" in phase1  # the library column
+    assert f"| {build.file_sha256(lib)[:12]} |" in phase1  # the library column
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])

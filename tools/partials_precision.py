@@ -7,8 +7,8 @@ One request of N drafts over a prefix of L keys, H heads: the oracle's own data
 tiles, as split_plan cuts them: at most ceil((L + N) / 128) splits) takes fp32 scores, P
 rounded to bf16 before P.V (as both kernels do), fp32 sums and a normalised partial; the
 splits merge by their LSEs as the combine does, and the output is rounded to
-bf16. The partials go to the merge in fp32 (what the kernels do) or rounded to bf16 (what
-FlashInfer's split-KV decode stores).
+bf16. The partials go to the merge in fp32 (what the kernels stored before entry S1) or rounded
+to bf16 (what they store since, as FlashInfer's split-KV decode does).
 
     python3 tools/partials_precision.py                # the default grid
     python3 tools/partials_precision.py --cases 1,16,8,23000,66 --seeds 3
