@@ -10,16 +10,30 @@ template <int G>
 cudaError_t launch_wide(dim3 grid, cudaStream_t stream, const Params& p) {
   return launch_pdl(combine_wide_kernel<G>, grid, COMBINE_WIDE_THREADS<G>, 0, stream, p);
 }
+template <int MAXS>
+cudaError_t launch_narrow(int64_t rows, cudaStream_t stream, const Params& p) {
+  const dim3 grid(static_cast<unsigned>((rows + COMBINE_NARROW_ROWS - 1) / COMBINE_NARROW_ROWS));
+  return launch_pdl(combine_narrow_kernel<MAXS>, grid, COMBINE_NARROW_THREADS, 0, stream, p);
+}
 }  // namespace
 
 int launch_combine(const Params& p, cudaStream_t stream) {
   if (p.num_splits <= 1) return KDTREE_OK;
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
-  const bool narrow = p.num_splits <= COMBINE_NARROW_MAX;
-  const dim3 grid(static_cast<unsigned>(narrow ? (rows + COMBINE_GROUPS - 1) / COMBINE_GROUPS : rows));
+  // the narrow instance with the fewest splits that holds the grid's (a row's count is at
+  // most that: split_plan); the wide kernels take one row per CTA
+  const dim3 grid(static_cast<unsigned>(rows));
   cudaError_t e;
-  if (narrow)
-    e = launch_pdl(combine_narrow_kernel, grid, COMBINE_THREADS, 0, stream, p);
+  if (p.num_splits <= 2)
+    e = launch_narrow<2>(rows, stream, p);
+  else if (p.num_splits <= 4)
+    e = launch_narrow<4>(rows, stream, p);
+  else if (p.num_splits <= 8)
+    e = launch_narrow<8>(rows, stream, p);
+#if KDTREE_COMBINE_NARROW_MAX >= 16
+  else if (p.num_splits <= 16)
+    e = launch_narrow<16>(rows, stream, p);
+#endif
   else if (p.num_splits >= COMBINE_WIDE8_MIN)
     e = launch_wide<8>(grid, stream, p);
   else

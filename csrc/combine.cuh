@@ -10,9 +10,10 @@
 
 namespace kdtree {
 
-// Merge the splits of each query row by their log-sum-exp, 128 threads (4 columns each)
-// per row. Few splits (<= COMBINE_NARROW_MAX): 512-thread CTAs of 4 rows, each thread
-// walks the splits itself. Many splits: one row per CTA of G groups of 128 threads, group
+// Merge the splits of each query row by their log-sum-exp. Few splits (<= COMBINE_NARROW_MAX):
+// 512-thread CTAs of 8 rows, 64 threads (8 columns each) per row, every split of the row
+// loaded at once (combine_narrow_kernel, below). Many splits: one row per CTA of G groups
+// of 128 threads (4 columns each), group
 // q taking splits q, q + G, ...: up to G x COMBINE_ONE_PASS splits in one pass (below), more
 // in two, where the LSEs go through shared memory once (max, then weights) and each group
 // sums its splits with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
@@ -20,11 +21,8 @@ namespace kdtree {
 // for no weight); then the groups meet in shared memory. G = 8 (64 splits in flight, one
 // round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
 // resident per SM, which costs more than it saves at 16 splits (bs1 N64 H8 65k +4 us).
-constexpr int COMBINE_GROUPS = 4;
 constexpr int COMBINE_UNROLL = 8;
-constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
 constexpr int COMBINE_WIDE8_MIN = 33;
-constexpr int COMBINE_NARROW_MAX = 8;
 // A row of at most G x COMBINE_ONE_PASS splits in a wide CTA of G groups (all of them at bs 1
 // on 132 SMs: 66 splits) takes one round trip to memory and one barrier: each group loads its
 // splits' partials and LSEs at once, merges them against its own maximum, and group 0 merges
@@ -84,30 +82,68 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
   if (p.lse && lse_writer) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
 }
 
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_narrow_kernel(const Params p) {
+// The narrow combine (num_splits <= COMBINE_NARROW_MAX): one row per 64 threads, 8 columns
+// (one 16-byte load of bf16) per thread per split, every split's partial and LSE loaded at
+// once (each split below the row's count wrote its partial, so no load waits for a weight;
+// a looped walk made one dependent round trip per split: S of them at bs8, docs/kernel-notes.md
+// session U). MAXS >= the grid's num_splits >= the row's S (split_plan): the host picks the
+// instance, so the register arrays stay as short as the call allows and the occupancy of the
+// few-split calls (bs64 N4 H16: 2 splits, 4096 rows) stays whole.
+constexpr int COMBINE_NARROW_THREADS = 512;
+constexpr int COMBINE_NARROW_ROWS = COMBINE_NARROW_THREADS / 64;
+#ifndef KDTREE_COMBINE_NARROW_MAX
+#define KDTREE_COMBINE_NARROW_MAX 8
+#endif
+constexpr int COMBINE_NARROW_MAX = KDTREE_COMBINE_NARROW_MAX;
+static_assert(COMBINE_NARROW_MAX == 8 || COMBINE_NARROW_MAX == 16, "narrow instances: 2, 4, 8 (and 16) splits");
+// resident CTAs per SM each instance is built for (its register cap: 64K / (512 x this))
+template <int MAXS>
+constexpr int COMBINE_NARROW_MIN_BLOCKS = MAXS <= 2 ? 4 : MAXS <= 4 ? 3 : MAXS <= 8 ? 2 : 1;
+
+template <int MAXS>
+__global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLOCKS<MAXS>)
+    combine_narrow_kernel(const Params p) {
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
-  const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_GROUPS + threadIdx.x / 128;
-  int tok, head, S;  // S: the splits of this row's request
+  const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_NARROW_ROWS + threadIdx.x / 64;
+  int tok, head, S;  // S: the splits of this row's request (<= num_splits <= MAXS)
   const bool owned = grow < TH && combine_row(p, grow, tok, head, S);  // inputs only: before the wait
   pdl_wait_primary();
   if (!owned) return;
-  const int c = (threadIdx.x % 128) * 4;
+  const int c = (threadIdx.x % 64) * 8;
+  const part_t* base = p.o_part + grow * DV + c;
+  uint4 raw[MAXS];
+  float ls[MAXS];
+#pragma unroll
+  for (int s = 0; s < MAXS; ++s) {
+    raw[s] = s < S ? *reinterpret_cast<const uint4*>(base + s * TH * DV) : make_uint4(0u, 0u, 0u, 0u);
+    ls[s] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+  }
   float mx = -CUDART_INF_F;
-  for (int s = 0; s < S; ++s) mx = fmaxf(mx, p.lse_part[s * TH + grow]);
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int s = 0; s < MAXS; ++s) mx = fmaxf(mx, ls[s]);
+  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float sum = 0.f;
   if (mx != -CUDART_INF_F) {
-#pragma unroll COMBINE_NARROW_MAX
-    for (int s = 0; s < S; ++s) {
-      const float ls = p.lse_part[s * TH + grow];
-      if (ls == -CUDART_INF_F) continue;  // weight 0 (split_weight): skip its partial's load
-      const float wt = split_weight(ls, mx);
+#pragma unroll
+    for (int s = 0; s < MAXS; ++s) {
+      const float wt = split_weight(ls[s], mx);  // 0 past S and for a split with no visible key
       sum += wt;
-      const float4 v = load_part4(p.o_part + (s * TH + grow) * DV + c);
-      o.x += wt * v.x; o.y += wt * v.y; o.z += wt * v.z; o.w += wt * v.w;
+      const uint32_t w4[4] = {raw[s].x, raw[s].y, raw[s].z, raw[s].w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[u]));
+        o[2 * u] += wt * v.x;
+        o[2 * u + 1] += wt * v.y;
+      }
     }
   }
-  combine_store(p, tok, head, c, o, sum, mx, grow, c == 0);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  uint32_t packed[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) packed[u] = pack_bf16(o[2 * u] * inv, o[2 * u + 1] * inv);
+  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);  // 16-byte aligned (ABI)
+  if (p.lse && c == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
 }
 
 template <int G>
