@@ -30,10 +30,8 @@ int launch_combine(const Params& p, cudaStream_t stream) {
     e = launch_narrow<4>(rows, stream, p);
   else if (p.num_splits <= 8)
     e = launch_narrow<8>(rows, stream, p);
-#if KDTREE_COMBINE_NARROW_MAX >= 16
-  else if (p.num_splits <= 16)
+  else if (p.num_splits <= COMBINE_NARROW_MAX)
     e = launch_narrow<16>(rows, stream, p);
-#endif
   else if (p.num_splits >= COMBINE_WIDE8_MIN)
     e = launch_wide<8>(grid, stream, p);
   else

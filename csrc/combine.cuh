@@ -13,14 +13,14 @@ namespace kdtree {
 // Merge the splits of each query row by their log-sum-exp. Few splits (<= COMBINE_NARROW_MAX):
 // 512-thread CTAs of 8 rows, 64 threads (8 columns each) per row, every split of the row
 // loaded at once (combine_narrow_kernel, below). Many splits: one row per CTA of G groups
-// of 128 threads (4 columns each), group
-// q taking splits q, q + G, ...: up to G x COMBINE_ONE_PASS splits in one pass (below), more
-// in two, where the LSEs go through shared memory once (max, then weights) and each group
+// of 128 threads (4 columns each), group q taking splits q, q + G, ...: up to
+// G x COMBINE_ONE_PASS splits in one pass (below), more in two, where the LSEs go through shared memory once (max, then weights) and each group
 // sums its splits with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
 // latency-bound; each split below the row's count wrote its partial, so the loads wait
 // for no weight); then the groups meet in shared memory. G = 8 (64 splits in flight, one
 // round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
-// resident per SM, which costs more than it saves at 16 splits (bs1 N64 H8 65k +4 us).
+// resident per SM, which cost more than they saved at 16 splits (bs1 N64 H8 65k +4 us,
+// before the narrow kernel took 16).
 constexpr int COMBINE_UNROLL = 8;
 constexpr int COMBINE_WIDE8_MIN = 33;
 // A row of at most G x COMBINE_ONE_PASS splits in a wide CTA of G groups (all of them at bs 1
@@ -88,14 +88,11 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
 // a looped walk made one dependent round trip per split: S of them at bs8, docs/kernel-notes.md
 // session U). MAXS >= the grid's num_splits >= the row's S (split_plan): the host picks the
 // instance, so the register arrays stay as short as the call allows and the occupancy of the
-// few-split calls (bs64 N4 H16: 2 splits, 4096 rows) stays whole.
+// few-split calls (bs64 N4 H16: 2 splits, 4096 rows) stays whole. At 16 splits (bs1 N64 H8
+// 64k, N4 H128) it is faster than the wide kernel's one pass (session U).
 constexpr int COMBINE_NARROW_THREADS = 512;
 constexpr int COMBINE_NARROW_ROWS = COMBINE_NARROW_THREADS / 64;
-#ifndef KDTREE_COMBINE_NARROW_MAX
-#define KDTREE_COMBINE_NARROW_MAX 8
-#endif
-constexpr int COMBINE_NARROW_MAX = KDTREE_COMBINE_NARROW_MAX;
-static_assert(COMBINE_NARROW_MAX == 8 || COMBINE_NARROW_MAX == 16, "narrow instances: 2, 4, 8 (and 16) splits");
+constexpr int COMBINE_NARROW_MAX = 16;  // instances for 2, 4, 8 and 16 splits (combine.cu)
 // resident CTAs per SM each instance is built for (its register cap: 64K / (512 x this))
 template <int MAXS>
 constexpr int COMBINE_NARROW_MIN_BLOCKS = MAXS <= 2 ? 4 : MAXS <= 4 ? 3 : MAXS <= 8 ? 2 : 1;

@@ -95,10 +95,12 @@ def cases() -> list[Case]:
         Case("splits", "splits64-L300-N1", [300], [1], 8, num_splits=64),
         Case("splits", "splits64-L1000", [1000], [16], 8, num_splits=64),
         Case("splits", "splits64-L1000-N64", [1000], [64], 8, num_splits=64),
-        # the wide combine's few-split path (csrc/combine.cuh COMBINE_FAST_MAX): 16 splits
+        # the wide combine's one-pass path (csrc/combine.cuh COMBINE_ONE_PASS): 16 splits
         # under the 8-group kernel, 12 under the 4-group one
         Case("splits", "splits64-L2000", [2000], [16], 8, num_splits=64),
         Case("splits", "splits17-L1500", [1500], [16], 8, num_splits=17),
+        # the narrow combine's 16-split instance with fewer splits on the device (11)
+        Case("splits", "splits16-L4095", [4095], [16], 8, num_splits=16),
         Case("splits", "splits64-bs3-L0-100-5000", [0, 100, 5000], [1, 16, 64], 8, ["eagle", "chain", "star"],
              num_splits=64),
     ]
