@@ -219,7 +219,9 @@ def test_a_library_names_the_sources_that_built_it(tmp_path, monkeypatch):
     monkeypatch.setattr(B.subprocess, "run", fake_nvcc)
     out = root / "build" / "lib"
     assert library.provenance(root=root)["matches"] is None  # nothing built yet
-    res = B.build(out_dir=out, root=root)
+    monkeypatch.delenv("KDTREE_BUILD_DIR", raising=False)
+    res = B.build(root=root)  # no out_dir: the named tree's build/lib, where provenance looks
+    assert res.library == out / B.LIB_NAME
     prov = library.provenance(root=root)
     assert prov["path"] == str(res.library) and prov["matches"] is True
     assert prov["built_from_csrc"] == prov["tree_csrc"] == B.csrc_hash(root)

@@ -258,7 +258,7 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     archs = parse_archs(archs)
     nvcc = find_nvcc()
     nvcc_v = nvcc_version(nvcc)
-    out_dir = Path(out_dir) if out_dir else default_out_dir()
+    out_dir = Path(out_dir) if out_dir else default_out_dir(root)  # where provenance(root=root) looks
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / LIB_NAME
     flags = flags_for(archs)
