@@ -34,6 +34,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kdtree_engine.kernel.library import LIB_NAME, STAMP_SUFFIX  # one spelling of the file names
 from kdtree_engine.pipeline import evidence
 
 #: sm_90a = Hopper with its arch-specific instructions (wgmma): the H100/H200 kernel;
@@ -42,7 +43,6 @@ from kdtree_engine.pipeline import evidence
 #: ``--arch sm_90`` builds the portable path only; generic sm_90 or sm_120 code has no setmaxnreg,
 #: so that tile then spills (correct, slower; the build gate reports it).
 DEFAULT_ARCHS = ("sm_90a", "sm_120a")
-LIB_NAME = "libkdtree_verify.so"
 BASE_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xptxas=-v,--warn-on-spills", "-shared",
               "-Xcompiler", "-fPIC", "-cudart", "static"]
 #: SASS instruction families worth counting: tensor-core MMA, async copies, shared-memory matrix loads,
@@ -262,7 +262,7 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / LIB_NAME
     flags = flags_for(archs)
-    stamp_file = out_dir / (LIB_NAME + ".stamp.json")
+    stamp_file = out_dir / (LIB_NAME + STAMP_SUFFIX)
     src_hash = csrc_hash(root)
     stamp = _stamp(src_hash, flags, nvcc_v)
     if not force and lib.is_file() and stamp_file.is_file():
