@@ -143,6 +143,82 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
   if (p.lse && c == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
 }
 
+// One row per CTA of G groups of 64 threads (8 columns each, 16-byte loads), group q taking
+// splits q, q + G, ... (at most PASS each), every load at once; the groups meet in shared
+// memory as in combine_wide_kernel's one pass (A/B switch KDTREE_COMBINE_ONEPASS64).
+template <int G, int PASS>
+__global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p) {
+  __shared__ float4 part[G - 1][64][2];
+  __shared__ float gms[2 * G];
+  const int64_t grow = blockIdx.x;
+  int tok, head, S;
+  const bool owned = combine_row(p, grow, tok, head, S);  // inputs only: before the wait
+  pdl_wait_primary();
+  if (!owned) return;  // uniform over the CTA
+  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
+  const int tid = threadIdx.x, grp = tid / 64, t = tid % 64, c = t * 8;
+  const part_t* base = p.o_part + grow * DV + c;
+  uint4 raw[PASS];
+  float lm[PASS];
+#pragma unroll
+  for (int u = 0; u < PASS; ++u) {
+    const int s = grp + u * G;
+    raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * TH * DV) : make_uint4(0u, 0u, 0u, 0u);
+    lm[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+  }
+  float gm = -CUDART_INF_F;
+#pragma unroll
+  for (int u = 0; u < PASS; ++u) gm = fmaxf(gm, lm[u]);
+  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float gsum = 0.f;
+  if (gm != -CUDART_INF_F) {
+#pragma unroll
+    for (int u = 0; u < PASS; ++u) {
+      const float wt = split_weight(lm[u], gm);
+      gsum += wt;
+      const uint32_t w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
+        o[2 * k] += wt * v.x;
+        o[2 * k + 1] += wt * v.y;
+      }
+    }
+  }
+  if (grp > 0) {
+    part[grp - 1][t][0] = make_float4(o[0], o[1], o[2], o[3]);
+    part[grp - 1][t][1] = make_float4(o[4], o[5], o[6], o[7]);
+    if (t == 0) { gms[2 * grp] = gm; gms[2 * grp + 1] = gsum; }
+  }
+  __syncthreads();
+  if (grp > 0) return;
+  float mx = gm;
+#pragma unroll
+  for (int q = 1; q < G; ++q) mx = fmaxf(mx, gms[2 * q]);
+  float sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (mx != -CUDART_INF_F) {
+    const float w0 = split_weight(gm, mx);  // a group without a visible split weighs 0
+    sum = w0 * gsum;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = w0 * o[k];
+#pragma unroll
+    for (int q = 1; q < G; ++q) {
+      const float wq = split_weight(gms[2 * q], mx);
+      const float4 a = part[q - 1][t][0], b = part[q - 1][t][1];
+      sum += wq * gms[2 * q + 1];
+      acc[0] += wq * a.x; acc[1] += wq * a.y; acc[2] += wq * a.z; acc[3] += wq * a.w;
+      acc[4] += wq * b.x; acc[5] += wq * b.y; acc[6] += wq * b.z; acc[7] += wq * b.w;
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) packed[k] = pack_bf16(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  if (p.lse && t == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+}
+
 template <int G>
 constexpr int COMBINE_WIDE_THREADS = 128 * G;  // G groups of 128 threads
 
