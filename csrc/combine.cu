@@ -36,7 +36,7 @@ int launch_combine(const Params& p, cudaStream_t stream) {
   else if (p.num_splits <= 32)
     e = launch_pdl(combine_onepass_kernel<8, 4>, grid, 512, 0, stream, p);
   else if (p.num_splits <= 80)
-    e = launch_pdl(combine_onepass_kernel<16, 5>, grid, 1024, 0, stream, p);
+    e = launch_pdl(combine_onepass_kernel<8, 10>, grid, 512, 0, stream, p);
 #endif
   else if (p.num_splits >= COMBINE_WIDE8_MIN)
     e = launch_wide<8>(grid, stream, p);
