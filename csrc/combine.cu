@@ -21,7 +21,7 @@ int launch_combine(const Params& p, cudaStream_t stream) {
   if (p.num_splits <= 1) return KDTREE_OK;
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
   // the narrow instance with the fewest splits that holds the grid's (a row's count is at
-  // most that: split_plan); the wide kernels take one row per CTA
+  // most that: split_plan); the one-pass kernels and the wide one take one row per CTA
   const dim3 grid(static_cast<unsigned>(rows));
   cudaError_t e;
   if (p.num_splits <= 2)
@@ -32,16 +32,12 @@ int launch_combine(const Params& p, cudaStream_t stream) {
     e = launch_narrow<8>(rows, stream, p);
   else if (p.num_splits <= COMBINE_NARROW_MAX)
     e = launch_narrow<16>(rows, stream, p);
-#if KDTREE_COMBINE_ONEPASS64
   else if (p.num_splits <= 32)
     e = launch_pdl(combine_onepass_kernel<8, 4>, grid, 512, 0, stream, p);
-  else if (p.num_splits <= 80)
-    e = launch_pdl(combine_onepass_kernel<8, 10>, grid, 512, 0, stream, p);
-#endif
-  else if (p.num_splits >= COMBINE_WIDE8_MIN)
-    e = launch_wide<8>(grid, stream, p);
+  else if (p.num_splits <= 8 * COMBINE_ONE_PASS64)
+    e = launch_pdl(combine_onepass_kernel<8, COMBINE_ONE_PASS64>, grid, 512, 0, stream, p);
   else
-    e = launch_wide<4>(grid, stream, p);
+    e = launch_wide<8>(grid, stream, p);
   if (e != cudaSuccess) return fail(KDTREE_ECUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }

@@ -17,12 +17,9 @@ namespace kdtree {
 // G x COMBINE_ONE_PASS splits in one pass (below), more in two, where the LSEs go through shared memory once (max, then weights) and each group
 // sums its splits with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
 // latency-bound; each split below the row's count wrote its partial, so the loads wait
-// for no weight); then the groups meet in shared memory. G = 8 (64 splits in flight, one
-// round at bs1) above COMBINE_WIDE8_MIN splits, else 4: 1024-thread CTAs halve the CTAs
-// resident per SM, which cost more than they saved at 16 splits (bs1 N64 H8 65k +4 us,
-// before the narrow kernel took 16).
+// for no weight); then the groups meet in shared memory. The host takes it, with G = 8, for
+// more than 8 x COMBINE_ONE_PASS64 splits (combine_onepass_kernel below takes fewer).
 constexpr int COMBINE_UNROLL = 8;
-constexpr int COMBINE_WIDE8_MIN = 33;
 // A row of at most G x COMBINE_ONE_PASS splits in a wide CTA of G groups (all of them at bs 1
 // on 132 SMs: 66 splits) takes one round trip to memory and one barrier: each group loads its
 // splits' partials and LSEs at once, merges them against its own maximum, and group 0 merges
@@ -143,9 +140,12 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
   if (p.lse && c == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
 }
 
-// One row per CTA of G groups of 64 threads (8 columns each, 16-byte loads), group q taking
-// splits q, q + G, ... (at most PASS each), every load at once; the groups meet in shared
-// memory as in combine_wide_kernel's one pass (A/B switch KDTREE_COMBINE_ONEPASS64).
+// 17 to 8 x COMBINE_ONE_PASS64 splits (bs1 on 132 SMs: 33 or 66): one row per CTA of G groups
+// of 64 threads (8 columns each, 16-byte loads), group q taking splits q, q + G, ... (at most
+// PASS each), every load at once; the groups meet in shared memory as in combine_wide_kernel's
+// one pass. Against that pass (128 threads per group, 8-byte loads, 1024 threads) it is 1 us
+// faster at bs1 N16 H8 1k and 4k and 1-2 us at 23k-91k (docs/kernel-notes.md, session U).
+constexpr int COMBINE_ONE_PASS64 = 10;
 template <int G, int PASS>
 __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p) {
   __shared__ float4 part[G - 1][64][2];

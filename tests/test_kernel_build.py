@@ -290,3 +290,12 @@ def test_the_library_is_looked_for_where_the_gate_writes_it(tmp_path, monkeypatc
     assert B.default_out_dir(tmp_path / "tree") == tmp_path / "tree" / "build" / "lib"
     assert library.default_library_path(tmp_path / "tree") == tmp_path / "tree" / "build" / "lib" / B.LIB_NAME
     assert B.default_out_dir() == B.evidence.repo_root() / "build" / "lib"
+
+
+def test_kernel_names_keep_every_template_argument():
+    """A kernel of two template arguments reads as such in the stamp and the build headline
+    (combine_onepass_kernel<8, 10> was reported mangled); one argument and none still read."""
+    from kdtree_engine.kernel.build import _short
+    assert _short("_ZN6kdtree22combine_onepass_kernelILi8ELi10EEEvNS_6ParamsE") == "combine_onepass_kernel<8, 10>"
+    assert _short("_ZN6kdtree21combine_narrow_kernelILi16EEEvNS_6ParamsE") == "combine_narrow_kernel<16>"
+    assert _short("_ZN6kdtree27verify_attn_kernel_mma_qregENS_6ParamsE") == "verify_attn_kernel_mma_qreg"

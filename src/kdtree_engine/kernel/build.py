@@ -160,12 +160,16 @@ _SERIAL_RE = re.compile(r"\((C75\d\d)\)[^']*wgmma\.mma_async instructions are se
 
 
 def _short(name: str) -> str:
-    """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_wide_kernel)."""
+    """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_onepass_kernel<8, 10>,
+    combine_wide_kernel)."""
     m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
-                  r"(ILi(\d+)EE|E|N)", name)
+                  r"(I((?:Li\d+E)+)E|E|N)", name)
     if not m:
         return name
-    return f"{m.group(1)}<{m.group(3)}>" if m.group(3) else m.group(1)
+    if not m.group(3):
+        return m.group(1)
+    args = ", ".join(re.findall(r"Li(\d+)E", m.group(3)))
+    return f"{m.group(1)}<{args}>"
 
 
 def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:

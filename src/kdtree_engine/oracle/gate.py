@@ -95,8 +95,8 @@ def cases() -> list[Case]:
         Case("splits", "splits64-L300-N1", [300], [1], 8, num_splits=64),
         Case("splits", "splits64-L1000", [1000], [16], 8, num_splits=64),
         Case("splits", "splits64-L1000-N64", [1000], [64], 8, num_splits=64),
-        # the wide combine's one-pass path (csrc/combine.cuh COMBINE_ONE_PASS): 16 splits
-        # under the 8-group kernel, 12 under the 4-group one
+        # the one-pass combine (csrc/combine.cuh combine_onepass_kernel) with fewer splits on
+        # the device than the grid's: 16 under its 10-per-group instance, 12 under the 4-per-group one
         Case("splits", "splits64-L2000", [2000], [16], 8, num_splits=64),
         Case("splits", "splits17-L1500", [1500], [16], 8, num_splits=17),
         # the narrow combine's 16-split instance with fewer splits on the device (11)
