@@ -22,7 +22,7 @@ CASES = (([70, 0, 33], [7, 3, 16], 8, None, "fragmented"), ([300], [16], 8, 5, "
          ([40], [64], 2, 1, "fragmented"), ([300, 130], [16, 4], 8, 2, "contiguous"),
          # several pairs per split and two row tiles: the sm90 producer's L2 prefetch runs
          ([2000], [16], 8, 2, "fragmented"),
-         # a GPU-filling grid over a prefix that takes 8 splits: the wide combine's few-split path
+         # a GPU-filling grid over a prefix that takes 8 splits: combine_onepass_kernel<8, 10> (csrc/combine.cuh)
          ([1000], [16], 8, 64, "fragmented"))
 picked = [int(a) for a in sys.argv[1:]] or range(len(CASES))
 # which kernel and tile the sanitizer sees (KDTREE_TARGET=sm_120: the emulated sm_120 tile)
