@@ -156,6 +156,30 @@ def test_ab_table_ratios_to_the_first_label_and_skips_figures_not_taken(tmp_path
     assert "zz" in capsys.readouterr().err
 
 
+def test_ab_table_any_status_takes_a_diagnostic_builds_wrong_figures_and_marks_them(tmp_path, capsys):
+    """tools/ab_table.py --any-status: a timing-only build's rows (status "wrong": its output is
+    wrong by design) enter the table marked "*" and the mean; without the flag they are "-";
+    a row with no figure stays out either way."""
+    import json
+
+    ab_table = load_tool("ab_table")
+    rows = [
+        {"label": "lib", "case": "c1", "system": "ours", "us": 10.0, "status": "ok"},
+        {"label": "diag", "case": "c1", "system": "ours", "us": 8.0, "status": "wrong"},
+        {"label": "diag", "case": "c2", "system": "ours", "us": None, "status": "error"},
+        {"label": "lib", "case": "c2", "system": "ours", "us": 4.0, "status": "ok"},
+    ]
+    f = tmp_path / "ab.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ab_table.main([str(f), "lib,diag"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| c1 | 10.0 | - | - | - |"
+    assert ab_table.main([str(f), "lib,diag", "--any-status", "--verdict", "1.5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| c1 | 10.0 | 8.0* | - | 0.800 |"
+    assert out[3] == "| c2 | 4.0 | - | - | - |"
+    assert any(line.startswith("| c1 | -20.0%") for line in out)
+
+
 def test_ab_table_verdict_pairs_rounds_and_needs_every_round(tmp_path, capsys):
     """tools/ab_table.py --verdict: round k of a label against round k of the first label; a gain
     or a loss only when every round moves by the threshold, noise otherwise; a threshold that is
