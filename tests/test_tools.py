@@ -128,25 +128,26 @@ def test_ab_bench_sglang_capability_sets_what_the_block_choice_reads(monkeypatch
     assert fake.CUDA_CAPABILITY == (12, 0) and mod.extend_blocks()[3:5] == (32, 32)
 
 
+def _ab_rows(tmp_path, rows):
+    """An ab-bench JSONL file of (label, case, system, us, status) rows."""
+    import json
+
+    f = tmp_path / "ab.jsonl"
+    keys = ("label", "case", "system", "us", "status")
+    f.write_text("".join(json.dumps(dict(zip(keys, r, strict=True))) + "\n" for r in rows))
+    return f
+
+
 def test_ab_table_ratios_to_the_first_label_and_skips_figures_not_taken(tmp_path, capsys):
     """tools/ab_table.py: each label's figures in run order, mean / the first label's mean; a
     figure whose process could not take it (an old-ABI library: status "missing") is "-" and
     does not enter the mean; ours-sm120 / ours per label; unknown labels are refused."""
-    import json
-
     ab_table = load_tool("ab_table")
-    rows = [
-        {"label": "a", "case": "c1", "system": "ours", "us": 10.0, "status": "ok"},
-        {"label": "a", "case": "c1", "system": "flashmla", "us": 9.0, "status": "ok"},
-        {"label": "a", "case": "c1", "system": "ours-sm120", "us": 20.0, "status": "ok"},
-        {"label": "b", "case": "c1", "system": "ours", "us": 8.0, "status": "ok"},
-        {"label": "b", "case": "c1", "system": "ours", "us": 9.0, "status": "ok"},
-        {"label": "b", "case": "c1", "system": "ours-sm120", "us": 17.0, "status": "ok"},
-        {"label": "a", "case": "c2", "system": "ours", "us": None, "status": "missing"},
-        {"label": "b", "case": "c2", "system": "ours", "us": 5.0, "status": "ok"},
-    ]
-    f = tmp_path / "ab.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = _ab_rows(tmp_path, [
+        ("a", "c1", "ours", 10.0, "ok"), ("a", "c1", "flashmla", 9.0, "ok"), ("a", "c1", "ours-sm120", 20.0, "ok"),
+        ("b", "c1", "ours", 8.0, "ok"), ("b", "c1", "ours", 9.0, "ok"), ("b", "c1", "ours-sm120", 17.0, "ok"),
+        ("a", "c2", "ours", None, "missing"), ("b", "c2", "ours", 5.0, "ok"),
+    ])
     assert ab_table.main([str(f), "a,b", "--sm120-ratio"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2] == "| c1 | 10.0 | 8.0 / 9.0 | 9.0 | 0.850 |"
@@ -160,17 +161,9 @@ def test_ab_table_any_status_takes_a_diagnostic_builds_wrong_figures_and_marks_t
     """tools/ab_table.py --any-status: a timing-only build's rows (status "wrong": its output is
     wrong by design) enter the table marked "*" and the mean; without the flag they are "-";
     a row with no figure stays out either way."""
-    import json
-
     ab_table = load_tool("ab_table")
-    rows = [
-        {"label": "lib", "case": "c1", "system": "ours", "us": 10.0, "status": "ok"},
-        {"label": "diag", "case": "c1", "system": "ours", "us": 8.0, "status": "wrong"},
-        {"label": "diag", "case": "c2", "system": "ours", "us": None, "status": "error"},
-        {"label": "lib", "case": "c2", "system": "ours", "us": 4.0, "status": "ok"},
-    ]
-    f = tmp_path / "ab.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = _ab_rows(tmp_path, [("lib", "c1", "ours", 10.0, "ok"), ("diag", "c1", "ours", 8.0, "wrong"),
+                            ("diag", "c2", "ours", None, "error"), ("lib", "c2", "ours", 4.0, "ok")])
     assert ab_table.main([str(f), "lib,diag"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == "| c1 | 10.0 | - | - | - |"
     assert ab_table.main([str(f), "lib,diag", "--any-status", "--verdict", "1.5"]) == 0
@@ -184,16 +177,12 @@ def test_ab_table_verdict_pairs_rounds_and_needs_every_round(tmp_path, capsys):
     """tools/ab_table.py --verdict: round k of a label against round k of the first label; a gain
     or a loss only when every round moves by the threshold, noise otherwise; a threshold that is
     not positive is refused."""
-    import json
-
     ab_table = load_tool("ab_table")
     figs = {"fast": ([100.0, 102.0], [97.0, 99.5]),    # -3.0%, -2.5%: a gain at 2%
             "mixed": ([100.0, 100.0], [96.0, 101.0]),  # -4.0%, +1.0%: noise
             "slow": ([100.0, 100.0], [103.0, 102.5])}  # a loss
-    rows = [{"label": lab, "case": c, "system": "ours", "us": us, "status": "ok"}
-            for k in range(2) for c, (a, b) in figs.items() for lab, us in (("a", a[k]), ("b", b[k]))]
-    f = tmp_path / "ab.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = _ab_rows(tmp_path, [(lab, c, "ours", us, "ok")
+                            for k in range(2) for c, (a, b) in figs.items() for lab, us in (("a", a[k]), ("b", b[k]))])
     assert ab_table.main([str(f), "a,b", "--verdict", "2"]) == 0
     out = capsys.readouterr().out
     assert "| fast | -3.0% / -2.5% gain |" in out
