@@ -171,6 +171,17 @@ def library_provenance(root: Path) -> dict[str, Any]:
         return {"path": None, "matches": None, "why": f"provenance not read: {e.__class__.__name__}: {e}"}
 
 
+def runs_kernel_library(gate: str) -> bool:
+    """Whether ``gate`` runs the kernel library, so that its record names which one: the
+    gates a phase runs on a GPU (pipeline.phases), and any gate no phase names. The CPU
+    gates (``build``, ``oracle-selftest``) run none, and the plan never asks theirs
+    (pipeline.run.load_evidence checks the library of GPU gates only)."""
+    from kdtree_engine.pipeline.phases import PHASES
+
+    gates = [g for p in PHASES for g in p.gates if g.gate == gate]
+    return not gates or any(g.needs_gpu for g in gates)
+
+
 def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -194,12 +205,13 @@ def make_record(
     several configurations of a gate (the bench gate's suite: ``micro``,
     ``long-context``); the file is then ``<gate>-<variant>.json``. ``library``: which kernel
     library the gate ran and whether this tree's csrc/ built it (``auto``:
-    :func:`kdtree_engine.kernel.library.provenance` for ``root``); a plan records a GPU
-    gate's proof only where it did (pipeline.run.load_evidence)."""
+    :func:`kdtree_engine.kernel.library.provenance` for ``root`` where the gate runs the
+    library, :func:`runs_kernel_library`, else None: a CPU gate's record hashes no library);
+    a plan records a GPU gate's proof only where it did (pipeline.run.load_evidence)."""
     root = root or repo_root()
     commit, dirty = git_commit(root)
     if library == "auto":
-        library = library_provenance(root)
+        library = library_provenance(root) if runs_kernel_library(gate) else None
     return {
         "schema": SCHEMA,
         "gate": gate,
