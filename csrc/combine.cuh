@@ -14,11 +14,12 @@ namespace kdtree {
 // 512-thread CTAs of 8 rows, 64 threads (8 columns each) per row, every split of the row
 // loaded at once (combine_narrow_kernel, below). Many splits: one row per CTA of G groups
 // of 128 threads (4 columns each), group q taking splits q, q + G, ...: up to
-// G x COMBINE_ONE_PASS splits in one pass (below), more in two, where the LSEs go through shared memory once (max, then weights) and each group
-// sums its splits with COMBINE_UNROLL loads in flight (a serial walk over 66 splits was
-// latency-bound; each split below the row's count wrote its partial, so the loads wait
-// for no weight); then the groups meet in shared memory. The host takes it, with G = 8, for
-// more than 8 x COMBINE_ONE_PASS64 splits (combine_onepass_kernel below takes fewer).
+// G x COMBINE_ONE_PASS splits in one pass (below), more in two, where the LSEs go through
+// shared memory once (max, then weights) and each group sums its splits with COMBINE_UNROLL
+// loads in flight (a serial walk over 66 splits was latency-bound; each split below the row's
+// count wrote its partial, so the loads wait for no weight); then the groups meet in shared
+// memory. The host takes it, with G = 8, for more than 8 x COMBINE_ONE_PASS64 splits
+// (combine_onepass_kernel below takes fewer).
 constexpr int COMBINE_UNROLL = 8;
 // A row of at most G x COMBINE_ONE_PASS splits in a wide CTA of G groups (all of them at bs 1
 // on 132 SMs: 66 splits) takes one round trip to memory and one barrier: each group loads its
@@ -50,7 +51,8 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
   }
   const int64_t N = qo(b + 1) - qo(b);
   if (N < 0 || N > p.max_n) return false;
-  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
+  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b);
+  const int64_t kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
   if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) return false;
   splits = split_plan(static_cast<int>(kv_hi - kv_lo + N), p.num_splits, p.split_keys).splits;
   return splits > 1;
@@ -70,6 +72,62 @@ __device__ __forceinline__ float4 load_part4(const part_t* src) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// Merge splits s0, s0 + step, ... (N of them; one at or past the row's S counts as empty) of
+// row grow at columns c .. c + 7, for the narrow and one-pass kernels: each split's 8 columns
+// of bf16 partial (one 16-byte load) and its fp32 LSE, every load issued before any is used
+// (each split below S wrote its partial, so no load waits for a weight: one round trip to
+// memory for all N), then merged in fp32 against their maximum mx: o = the sum of
+// exp(lse - mx) x partial and sum = the sum of exp(lse - mx), both 0 where no split has a
+// visible key (mx -inf).
+template <int N>
+__device__ __forceinline__ void merge_splits8(const Params& p, int64_t TH, int64_t grow, int c, int s0, int step,
+                                              int S, float (&o)[8], float& mx, float& sum) {
+  const part_t* base = p.o_part + grow * DV + c;
+  uint4 raw[N];
+  float ls[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int s = s0 + u * step;
+    raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * TH * DV) : make_uint4(0u, 0u, 0u, 0u);
+    ls[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+  }
+  mx = -CUDART_INF_F;
+#pragma unroll
+  for (int u = 0; u < N; ++u) mx = fmaxf(mx, ls[u]);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = 0.f;
+  sum = 0.f;
+  if (mx != -CUDART_INF_F) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const float wt = split_weight(ls[u], mx);  // 0 past S and for a split with no visible key
+      sum += wt;
+      const uint32_t w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
+        o[2 * k] += wt * v.x;
+        o[2 * k + 1] += wt * v.y;
+      }
+    }
+  }
+}
+
+// Row grow's columns c .. c + 7 of O (o / sum as bf16, one 16-byte store: aligned by the ABI)
+// and, from the thread of column 0, its LSE (mx + ln sum; -inf for a row with no visible key).
+// The narrow and one-pass kernels' store (in the one-pass kernel only group 0 gets here);
+// combine_store is the wide kernel's.
+__device__ __forceinline__ void store_row8(const Params& p, int tok, int head, int c, const float (&o)[8], float sum,
+                                           float mx, int64_t grow) {
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) packed[k] = pack_bf16(o[2 * k] * inv, o[2 * k + 1] * inv);
+  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  if (p.lse && c == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+}
+
 __device__ __forceinline__ void combine_store(const Params& p, int tok, int head, int c, float4 o, float sum,
                                               float mx, int64_t grow, bool lse_writer) {
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -81,12 +139,13 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
 
 // The narrow combine (num_splits <= COMBINE_NARROW_MAX): one row per 64 threads, 8 columns
 // (one 16-byte load of bf16) per thread per split, every split's partial and LSE loaded at
-// once (each split below the row's count wrote its partial, so no load waits for a weight;
-// a looped walk made one dependent round trip per split: S of them at bs8, docs/kernel-notes.md
-// session U). MAXS >= the grid's num_splits >= the row's S (split_plan): the host picks the
-// instance, so the register arrays stay as short as the call allows and the occupancy of the
-// few-split calls (bs64 N4 H16: 2 splits, 4096 rows) stays whole. At 16 splits (bs1 N64 H8
-// 64k, N4 H128) it is faster than the wide kernel's one pass (session U).
+// once (merge_splits8: one round trip to memory for the row; the looped walk it replaced made
+// two dependent round trips per split, the LSE and then the partial behind a branch on it:
+// 16 at bs8's 8 splits, docs/kernel-notes.md session U1). MAXS >= the grid's num_splits >=
+// the row's S (split_plan): the host picks the instance, so the register arrays stay as short
+// as the call allows and the occupancy of the few-split calls (bs64 N4 H16: 2 splits, 4096
+// rows) stays whole. At 16 splits (bs1 N64 H8 64k, N4 H128) it is faster than the wide
+// kernel's one pass (session U).
 constexpr int COMBINE_NARROW_THREADS = 512;
 constexpr int COMBINE_NARROW_ROWS = COMBINE_NARROW_THREADS / 64;
 constexpr int COMBINE_NARROW_MAX = 16;  // instances for 2, 4, 8 and 16 splits (combine.cu)
@@ -104,40 +163,9 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
   pdl_wait_primary();
   if (!owned) return;
   const int c = (threadIdx.x % 64) * 8;
-  const part_t* base = p.o_part + grow * DV + c;
-  uint4 raw[MAXS];
-  float ls[MAXS];
-#pragma unroll
-  for (int s = 0; s < MAXS; ++s) {
-    raw[s] = s < S ? *reinterpret_cast<const uint4*>(base + s * TH * DV) : make_uint4(0u, 0u, 0u, 0u);
-    ls[s] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
-  }
-  float mx = -CUDART_INF_F;
-#pragma unroll
-  for (int s = 0; s < MAXS; ++s) mx = fmaxf(mx, ls[s]);
-  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  float sum = 0.f;
-  if (mx != -CUDART_INF_F) {
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) {
-      const float wt = split_weight(ls[s], mx);  // 0 past S and for a split with no visible key
-      sum += wt;
-      const uint32_t w4[4] = {raw[s].x, raw[s].y, raw[s].z, raw[s].w};
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[u]));
-        o[2 * u] += wt * v.x;
-        o[2 * u + 1] += wt * v.y;
-      }
-    }
-  }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  uint32_t packed[4];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) packed[u] = pack_bf16(o[2 * u] * inv, o[2 * u + 1] * inv);
-  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
-  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);  // 16-byte aligned (ABI)
-  if (p.lse && c == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+  float o[8], mx, sum;
+  merge_splits8<MAXS>(p, TH, grow, c, 0, 1, S, o, mx, sum);  // splits 0 .. MAXS - 1
+  store_row8(p, tok, head, c, o, sum, mx, grow);
 }
 
 // 17 to 8 x COMBINE_ONE_PASS64 splits (bs1 on 132 SMs: 33 or 66): one row per CTA of G groups
@@ -157,34 +185,8 @@ __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p)
   if (!owned) return;  // uniform over the CTA
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int tid = threadIdx.x, grp = tid / 64, t = tid % 64, c = t * 8;
-  const part_t* base = p.o_part + grow * DV + c;
-  uint4 raw[PASS];
-  float lm[PASS];
-#pragma unroll
-  for (int u = 0; u < PASS; ++u) {
-    const int s = grp + u * G;
-    raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * TH * DV) : make_uint4(0u, 0u, 0u, 0u);
-    lm[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
-  }
-  float gm = -CUDART_INF_F;
-#pragma unroll
-  for (int u = 0; u < PASS; ++u) gm = fmaxf(gm, lm[u]);
-  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  float gsum = 0.f;
-  if (gm != -CUDART_INF_F) {
-#pragma unroll
-    for (int u = 0; u < PASS; ++u) {
-      const float wt = split_weight(lm[u], gm);
-      gsum += wt;
-      const uint32_t w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
-        o[2 * k] += wt * v.x;
-        o[2 * k + 1] += wt * v.y;
-      }
-    }
-  }
+  float o[8], gm, gsum;  // the group's splits grp, grp + G, ... merged against their maximum gm
+  merge_splits8<PASS>(p, TH, grow, c, grp, G, S, o, gm, gsum);
   if (grp > 0) {
     part[grp - 1][t][0] = make_float4(o[0], o[1], o[2], o[3]);
     part[grp - 1][t][1] = make_float4(o[4], o[5], o[6], o[7]);
@@ -210,13 +212,7 @@ __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p)
       acc[4] += wq * b.x; acc[5] += wq * b.y; acc[6] += wq * b.z; acc[7] += wq * b.w;
     }
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  uint32_t packed[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) packed[k] = pack_bf16(acc[2 * k] * inv, acc[2 * k + 1] * inv);
-  __nv_bfloat16* dst = p.o + static_cast<int64_t>(tok) * p.o_st + static_cast<int64_t>(head) * p.o_sh + c;
-  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  if (p.lse && t == 0) p.lse[grow] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+  store_row8(p, tok, head, c, acc, sum, mx, grow);
 }
 
 template <int G>

@@ -99,7 +99,8 @@ def cases() -> list[Case]:
         # the device than the grid's: 16 under its 10-per-group instance, 12 under the 4-per-group one
         Case("splits", "splits64-L2000", [2000], [16], 8, num_splits=64),
         Case("splits", "splits17-L1500", [1500], [16], 8, num_splits=17),
-        # the narrow combine's 16-split instance with fewer splits on the device (11)
+        # the narrow combine's 16-split instance with fewer splits on the device (11 with the
+        # sm_90 tile's 128-key steps, 15 with the sm_120 tile's 32-key ones)
         Case("splits", "splits16-L4095", [4095], [16], 8, num_splits=16),
         Case("splits", "splits64-bs3-L0-100-5000", [0, 100, 5000], [1, 16, 64], 8, ["eagle", "chain", "star"],
              num_splits=64),
