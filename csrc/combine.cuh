@@ -37,7 +37,20 @@ constexpr int COMBINE_ONE_PASS = 9;
 // so the combines call it before griddepcontrol.wait: it overlaps the main kernel's tail.
 // The owning request is found by binary search over qo_indptr (a linear scan is up to bs
 // dependent loads per thread).
-__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head, int& splits) {
+// Split s of the row is partial row slot0 + s * stride (Work::slot0): under the batch schedule
+// the request's packed block, which batch_plan derives again here (the row's whole warp calls
+// this: every row of the combines is one warp's or more).
+// The batch schedule is the sm90 kernel's (kdtree_verify.cu): its combine instances hold code
+// only in sm_90 device code.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 900
+#define KDTREE_PLANNED_HERE 0
+#else
+#define KDTREE_PLANNED_HERE 1
+#endif
+
+template <bool PLANNED>
+__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head, int& splits,
+                                            int64_t& slot0, int64_t& stride) {
   tok = static_cast<int>(grow / p.H);
   head = static_cast<int>(grow % p.H);
   auto qo = [&](int i) { return load_index(p.qo_indptr, p.qo_indptr_64, i); };
@@ -54,7 +67,16 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
   const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b);
   const int64_t kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
   if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) return false;
-  splits = split_plan(static_cast<int>(kv_hi - kv_lo + N), p.num_splits, p.split_keys).splits;
+  if (PLANNED) {
+    const BatchJob job = batch_plan(p, 0, b);
+    splits = job.splits;
+    slot0 = job.slot + (grow - qo(b) * p.H);
+    stride = job.rows;
+  } else {
+    splits = split_plan(static_cast<int>(kv_hi - kv_lo + N), p.num_splits, p.split_keys).splits;
+    slot0 = grow;
+    stride = static_cast<int64_t>(p.T) * p.H;
+  }
   return splits > 1;
 }
 
@@ -73,44 +95,64 @@ __device__ __forceinline__ float4 load_part4(const part_t* src) {
 }
 
 // Merge splits s0, s0 + step, ... (N of them; one at or past the row's S counts as empty) of
-// row grow at columns c .. c + 7, for the narrow and one-pass kernels: each split's 8 columns
-// of bf16 partial (one 16-byte load) and its fp32 LSE, every load issued before any is used
-// (each split below S wrote its partial, so no load waits for a weight: one round trip to
-// memory for all N), then merged in fp32 against their maximum mx: o = the sum of
-// exp(lse - mx) x partial and sum = the sum of exp(lse - mx), both 0 where no split has a
-// visible key (mx -inf).
+// a row (partial rows slot0 + s * stride) at columns c .. c + 7 into (o, mx, sum), for the
+// narrow and one-pass kernels: each split's 8 columns of bf16 partial (one 16-byte load) and
+// its fp32 LSE, every load issued before any is used (each split below S wrote its partial, so
+// no load waits for a weight: one round trip to memory for all N), then merged in fp32 against
+// the running maximum mx: o = the sum of exp(lse - mx) x partial and sum = the sum of
+// exp(lse - mx), both rescaled when mx moves and 0 while no split has a visible key (mx -inf).
 template <int N>
-__device__ __forceinline__ void merge_splits8(const Params& p, int64_t TH, int64_t grow, int c, int s0, int step,
+__device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int step,
                                               int S, float (&o)[8], float& mx, float& sum) {
-  const part_t* base = p.o_part + grow * DV + c;
+  const part_t* base = p.o_part + slot0 * DV + c;
   uint4 raw[N];
   float ls[N];
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int s = s0 + u * step;
-    raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * TH * DV) : make_uint4(0u, 0u, 0u, 0u);
-    ls[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+    raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * stride * DV) : make_uint4(0u, 0u, 0u, 0u);
+    ls[u] = s < S ? p.lse_part[slot0 + s * stride] : -CUDART_INF_F;
   }
-  mx = -CUDART_INF_F;
+  float m = mx;  // the running maximum (-inf before the first chunk, when o and sum are 0)
 #pragma unroll
-  for (int u = 0; u < N; ++u) mx = fmaxf(mx, ls[u]);
+  for (int u = 0; u < N; ++u) m = fmaxf(m, ls[u]);
+  if (m == -CUDART_INF_F) return;  // no split so far has a visible key: o, sum stay 0
+  const float keep = split_weight(mx, m);  // 0 before the first chunk
+  sum *= keep;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) o[k] = 0.f;
-  sum = 0.f;
-  if (mx != -CUDART_INF_F) {
+  for (int k = 0; k < 8; ++k) o[k] *= keep;
+  mx = m;
 #pragma unroll
-    for (int u = 0; u < N; ++u) {
-      const float wt = split_weight(ls[u], mx);  // 0 past S and for a split with no visible key
-      sum += wt;
-      const uint32_t w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+  for (int u = 0; u < N; ++u) {
+    const float wt = split_weight(ls[u], m);  // 0 past S and for a split with no visible key
+    sum += wt;
+    const uint32_t w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
-        o[2 * k] += wt * v.x;
-        o[2 * k + 1] += wt * v.y;
-      }
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
+      o[2 * k] += wt * v.x;
+      o[2 * k + 1] += wt * v.y;
     }
   }
+}
+
+// Row (slot0, stride)'s splits s0, s0 + step, ... below S merged into (o, mx, sum), MAXC a
+// round trip (merge_splits8): one where the row has at most MAXC splits in its walk; under the
+// batch schedule a long request of a ragged batch may take more than the grid's num_splits,
+// which picks the instance, and then takes several.
+// (LOOP false: the 3-D grid's rows, whose S never exceeds the instance's MAXC: one round trip.)
+template <int MAXC, bool LOOP>
+__device__ __forceinline__ void merge_row8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int step,
+                                           int S, float (&o)[8], float& mx, float& sum) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = 0.f;
+  mx = -CUDART_INF_F;
+  sum = 0.f;
+  if (!LOOP) {
+    merge_splits8<MAXC>(p, slot0, stride, c, s0, step, S, o, mx, sum);
+    return;
+  }
+  for (int s = s0; s < S; s += MAXC * step) merge_splits8<MAXC>(p, slot0, stride, c, s, step, S, o, mx, sum);
 }
 
 // Row grow's columns c .. c + 7 of O (o / sum as bf16, one 16-byte store: aligned by the ABI)
@@ -153,18 +195,23 @@ constexpr int COMBINE_NARROW_MAX = 16;  // instances for 2, 4, 8 and 16 splits (
 template <int MAXS>
 constexpr int COMBINE_NARROW_MIN_BLOCKS = MAXS <= 2 ? 4 : MAXS <= 4 ? 3 : MAXS <= 8 ? 2 : 1;
 
-template <int MAXS>
-__global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLOCKS<MAXS>)
+// PLANNED: the batch schedule's rows (combine_row), which may hold more than MAXS splits and walk
+// them MAXS a round trip; their loop takes registers the 3-D grid's instances are capped below,
+// so these instances leave the count to ptxas.
+template <int MAXS, bool PLANNED>
+__global__ void __launch_bounds__(COMBINE_NARROW_THREADS, PLANNED ? 1 : COMBINE_NARROW_MIN_BLOCKS<MAXS>)
     combine_narrow_kernel(const Params p) {
+  if (PLANNED && !KDTREE_PLANNED_HERE) return;
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_NARROW_ROWS + threadIdx.x / 64;
-  int tok, head, S;  // S: the splits of this row's request (<= num_splits <= MAXS)
-  const bool owned = grow < TH && combine_row(p, grow, tok, head, S);  // inputs only: before the wait
+  int tok, head, S;  // S: the splits of this row's request
+  int64_t slot0, stride;
+  const bool owned = grow < TH && combine_row<PLANNED>(p, grow, tok, head, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
   if (!owned) return;
   const int c = (threadIdx.x % 64) * 8;
   float o[8], mx, sum;
-  merge_splits8<MAXS>(p, TH, grow, c, 0, 1, S, o, mx, sum);  // splits 0 .. MAXS - 1
+  merge_row8<MAXS, PLANNED>(p, slot0, stride, c, 0, 1, S, o, mx, sum);  // MAXS splits a round trip
   store_row8(p, tok, head, c, o, sum, mx, grow);
 }
 
@@ -174,19 +221,20 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
 // one pass. Against that pass (128 threads per group, 8-byte loads, 1024 threads) it is 1 us
 // faster at bs1 N16 H8 1k and 4k and 1-2 us at 23k-91k (docs/kernel-notes.md, session U).
 constexpr int COMBINE_ONE_PASS64 = 10;
-template <int G, int PASS>
+template <int G, int PASS, bool PLANNED>
 __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p) {
+  if (PLANNED && !KDTREE_PLANNED_HERE) return;
   __shared__ float4 part[G - 1][64][2];
   __shared__ float gms[2 * G];
   const int64_t grow = blockIdx.x;
   int tok, head, S;
-  const bool owned = combine_row(p, grow, tok, head, S);  // inputs only: before the wait
+  int64_t slot0, stride;
+  const bool owned = combine_row<PLANNED>(p, grow, tok, head, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
   if (!owned) return;  // uniform over the CTA
-  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int tid = threadIdx.x, grp = tid / 64, t = tid % 64, c = t * 8;
   float o[8], gm, gsum;  // the group's splits grp, grp + G, ... merged against their maximum gm
-  merge_splits8<PASS>(p, TH, grow, c, grp, G, S, o, gm, gsum);
+  merge_row8<PASS, PLANNED>(p, slot0, stride, c, grp, G, S, o, gm, gsum);
   if (grp > 0) {
     part[grp - 1][t][0] = make_float4(o[0], o[1], o[2], o[3]);
     part[grp - 1][t][1] = make_float4(o[4], o[5], o[6], o[7]);
@@ -218,8 +266,9 @@ __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p)
 template <int G>
 constexpr int COMBINE_WIDE_THREADS = 128 * G;  // G groups of 128 threads
 
-template <int G>
+template <int G, bool PLANNED>
 __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(const Params p) {
+  if (PLANNED && !KDTREE_PLANNED_HERE) return;
   constexpr int NT = COMBINE_WIDE_THREADS<G>;
   __shared__ float w_s[MAX_SPLITS];  // a row's LSEs, then its weights
   __shared__ float red[NT / 32];
@@ -227,11 +276,15 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
   static_assert(2 * G <= MAX_SPLITS, "the one-pass path keeps each group's maximum and sum in w_s");
   const int64_t grow = blockIdx.x;  // global row = token * H + head
   int tok, head, S;  // S: the splits of this row's request
-  const bool owned = combine_row(p, grow, tok, head, S);  // inputs only: before the wait
+  int64_t slot0, stride;
+  const bool owned = combine_row<PLANNED>(p, grow, tok, head, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
   if (!owned) return;  // uniform over the CTA
+  if (!PLANNED) {  // (the 3-D grid's layout, spelled here: ptxas spilled it as combine_row's outputs on sm_120)
+    slot0 = grow;
+    stride = static_cast<int64_t>(p.T) * p.H;
+  }
 
-  const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int grp = tid / 128, c = (tid % 128) * 4;
   // the groups' sums of their splits meet in shared memory; group 0 writes the row
@@ -247,14 +300,14 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
     combine_store(p, tok, head, c, o, sum, mx, grow, tid == 0);
   };
   if (S <= G * COMBINE_ONE_PASS) {  // uniform over the CTA (one row)
-    const part_t* base = p.o_part + grow * DV + c;
+    const part_t* base = p.o_part + slot0 * DV + c;
     float4 v[COMBINE_ONE_PASS];
     float lm[COMBINE_ONE_PASS];  // splits grp, grp + G, ...: the same words for the whole group
 #pragma unroll
     for (int u = 0; u < COMBINE_ONE_PASS; ++u) {
       const int s = grp + u * G;
-      v[u] = s < S ? load_part4(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
-      lm[u] = s < S ? p.lse_part[s * TH + grow] : -CUDART_INF_F;
+      v[u] = s < S ? load_part4(base + s * stride * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
+      lm[u] = s < S ? p.lse_part[slot0 + s * stride] : -CUDART_INF_F;
     }
     float gm = -CUDART_INF_F;  // the group's maximum
 #pragma unroll
@@ -297,7 +350,7 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
   }
   float mx = -CUDART_INF_F;  // max of the LSEs
   for (int s = tid; s < S; s += NT) {
-    const float ls = p.lse_part[s * TH + grow];
+    const float ls = p.lse_part[slot0 + s * stride];
     w_s[s] = ls;
     mx = fmaxf(mx, ls);
   }
@@ -327,13 +380,13 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
 
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   if (sum > 0.f) {
-    const part_t* base = p.o_part + grow * DV + c;
+    const part_t* base = p.o_part + slot0 * DV + c;
     for (int s0 = grp; s0 < S; s0 += G * COMBINE_UNROLL) {
       float4 v[COMBINE_UNROLL];
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {
         const int s = s0 + u * G;
-        v[u] = s < S ? load_part4(base + s * TH * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = s < S ? load_part4(base + s * stride * DV) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < COMBINE_UNROLL; ++u) {

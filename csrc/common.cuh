@@ -76,11 +76,15 @@ struct Params {
   __nv_bfloat16* o;
   int64_t o_st, o_sh;
   float* lse;
-  part_t* o_part;    // [num_splits, T*H, 512]
-  float* lse_part;   // [num_splits, T*H]
+  part_t* o_part;    // partial rows (T*H*num_splits of them), each 512 wide: see Work::slot0
+  float* lse_part;   // their LSEs, one per partial row
   int* err;
-  int bs, H, max_n, T, num_splits;  // num_splits: the grid's (the most any request takes, split_plan)
+  int bs, H, max_n, T, num_splits;  // num_splits: the workspace's (T*H*num_splits partial rows)
   int split_keys;  // keys per step of the split schedule: one tile, or the sm90 kernel's pair of blocks
+  // The batch schedule (batch_plan): 1 when the grid is 1-D, split_budget CTAs, each mapped on
+  // the device to a (request, row tile, split); 0 for the (row tiles, num_splits, bs) grid of
+  // split_plan.
+  int planned, split_budget;
   float scale_log2;
 };
 
@@ -275,10 +279,127 @@ __host__ __device__ __forceinline__ SplitPlan split_plan(int KV, int num_splits,
   return {(steps + per - 1) / per, per};
 }
 
+// The batch schedule (issue 16, ragged batches): one wave of split_budget CTAs shared by the
+// whole batch in proportion to its work, computed on the device from the step's lengths, so
+// that a captured graph adapts to the prefixes it replays (FlashMLA's get_mla_metadata does
+// this in a kernel of its own; here every warp that needs it derives it in a few hundred
+// cycles, docs/flashmla-schedule.md). Request b has rt_b row tiles and steps_b steps of
+// split_keys keys; all take the same `per` steps per split, the smallest (at least
+// SPLIT_MIN_KEYS keys) for which the CTAs sum_b rt_b * ceil(steps_b / per) fit the budget.
+// So a long request of a batch of short ones takes most of the GPU instead of its 1/bs share
+// (split_plan's cap: one 64k prefix among seven 1k ones ran 4x slower than FlashMLA). A
+// uniform batch gets split_plan's counts. The CTAs are numbered request by request, row tile
+// fastest (the row tiles of a split read the same keys together), and a request of several
+// splits owns the partial rows slot_b .. slot_b + splits_b * rows_b (split s, row r at
+// slot_b + s * rows_b + r), packed in request order: at most split_budget * plan_bm rows,
+// which the host keeps within the workspace's T * H * num_splits.
+constexpr int PLAN_PER_LANE = 4;
+constexpr int PLAN_MAX_BS = 32 * PLAN_PER_LANE;  // the host takes the 3-D grid beyond this
+constexpr int PLAN_BM = 64;  // rows per CTA of the sm90 kernel, the one that takes it (static_assert there)
+struct BatchJob {
+  int b = -1;          // the request (-1: this CTA has no work)
+  int local;      // the CTA's index among the request's (row tile fastest)
+  int rt, splits, rows, per;
+  int slot;       // first partial row of the request
+};
+// Request i's rows and steps from its indptrs. A malformed request takes one CTA of one split
+// (rows = -1), whose setup_work reports it; an empty one (N = 0) takes none.
+__device__ __forceinline__ void plan_terms(const Params& p, int i, int& rows, int& steps) {
+  rows = 0;
+  steps = 1;
+  if (i >= p.bs) return;
+  const int64_t qo_lo = load_index(p.qo_indptr, p.qo_indptr_64, i), qo_hi = load_index(p.qo_indptr, p.qo_indptr_64, i + 1);
+  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, i), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, i + 1);
+  if (qo_lo < 0 || qo_hi < qo_lo || qo_hi > p.T || qo_hi - qo_lo > p.max_n || kv_lo < 0 || kv_hi < kv_lo ||
+      kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) {
+    rows = -1;
+    return;
+  }
+  const int N = static_cast<int>(qo_hi - qo_lo);
+  rows = N * p.H;
+  steps = static_cast<int>(max(int64_t{1}, (kv_hi - kv_lo + N + p.split_keys - 1) / p.split_keys));
+}
+__device__ __forceinline__ int plan_tiles(int rows) { return rows < 0 ? 1 : (rows + PLAN_BM - 1) / PLAN_BM; }
+// The job of CTA `cta` (find_b < 0) or the schedule of request find_b (the combine), by one
+// whole warp (every lane calls it with the same arguments; the result is the same in each).
+__device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int find_b) {
+  const int lane = threadIdx.x & 31;
+  const int chunks = (p.bs + 31) / 32;  // <= PLAN_PER_LANE (the host)
+  int rw[PLAN_PER_LANE], st[PLAN_PER_LANE];
+  int64_t work = 0;  // sum of row tiles * steps
+  int tiles = 0, smax = 1;
+#pragma unroll
+  for (int k = 0; k < PLAN_PER_LANE; ++k) {
+    if (k < chunks) plan_terms(p, lane + 32 * k, rw[k], st[k]);
+    else { rw[k] = 0; st[k] = 1; }
+    const int rt = plan_tiles(rw[k]);
+    work += static_cast<int64_t>(rt) * st[k];
+    tiles += rt;
+    if (rt > 0) smax = max(smax, st[k]);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    work += __shfl_xor_sync(0xffffffffu, work, d);
+    tiles += __shfl_xor_sync(0xffffffffu, tiles, d);
+    smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, d));
+  }
+  const int budget = p.split_budget;
+  const int per_min = (SPLIT_MIN_KEYS + p.split_keys - 1) / p.split_keys;
+  int per = max(per_min, smax);  // one split each: what a budget the row tiles fill leaves
+  if (budget > tiles) {
+    // the answer lies in [ceil(work / budget), ceil(work / (budget - tiles))]: at least the
+    // first, since ctas(per) >= work / per; the second fits, since ctas(per) < work / per + tiles
+    int lo = static_cast<int>(min(static_cast<int64_t>(smax), (work + budget - 1) / budget));
+    int hi = static_cast<int>(min(static_cast<int64_t>(smax), (work + budget - tiles - 1) / (budget - tiles)));
+    lo = max(per_min, lo);
+    hi = max(lo, hi);
+    while (lo < hi) {  // warp-uniform
+      const int mid = (lo + hi) >> 1;
+      int n = 0;  // CTAs at `mid` steps a split (each term capped: the sum stays exact below the budget)
+#pragma unroll
+      for (int k = 0; k < PLAN_PER_LANE; ++k) n += min(plan_tiles(rw[k]) * ((st[k] + mid - 1) / mid), budget + 1);
+      if (static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(n))) <= budget) hi = mid;
+      else lo = mid + 1;
+    }
+    per = lo;
+  }
+  BatchJob job{-1, 0, 0, 1, 0, per, 0};
+  int cta_carry = 0, slot_carry = 0;
+#pragma unroll
+  for (int k = 0; k < PLAN_PER_LANE; ++k) {
+    if (k < chunks && job.b < 0) {  // warp-uniform
+      const int rt = plan_tiles(rw[k]), rows = max(rw[k], 0), sp = (st[k] + per - 1) / per;
+      const int cnt = rt * sp, slots = sp > 1 ? sp * rows : 0;
+      int ci = cnt, si = slots;  // inclusive scans over the lanes
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, ci, d), b2 = __shfl_up_sync(0xffffffffu, si, d);
+        if (lane >= d) { ci += a; si += b2; }
+      }
+      const int c0 = cta_carry + ci - cnt, s0 = slot_carry + si - slots;
+      const bool mine = find_b >= 0 ? lane + 32 * k == find_b : (cta >= c0 && cta < c0 + cnt);
+      const unsigned hit = __ballot_sync(0xffffffffu, mine);
+      if (hit) {
+        const int src = __ffs(hit) - 1;
+        job.b = 32 * k + src;
+        job.local = cta - __shfl_sync(0xffffffffu, c0, src);
+        job.rt = __shfl_sync(0xffffffffu, rt, src);
+        job.splits = __shfl_sync(0xffffffffu, sp, src);
+        job.rows = __shfl_sync(0xffffffffu, rows, src);
+        job.slot = __shfl_sync(0xffffffffu, s0, src);
+      }
+      cta_carry += __shfl_sync(0xffffffffu, ci, 31);
+      slot_carry += __shfl_sync(0xffffffffu, si, 31);
+    }
+  }
+  return job;
+}
+
 // What one CTA works on: request b's query rows r0 .. r0+BM and key tiles [t_begin, t_end)
 // of the request's `splits` splits (one: O and the LSE go straight to the output).
 struct Work {
   int qo_start, kv_lo, N, rows, r0, L, KV, t_begin, t_end, splits;
+  int64_t slot0, slot_stride;  // partial row of split s, request row r: slot0 + s * slot_stride + r
   int64_t mask_base;
   bool mask_ok;
 };
@@ -295,7 +416,11 @@ __device__ __forceinline__ void mask_window(const Params& p, int b, int N, int K
 // value sets a bit in *err and the CTA does nothing). Returns false when the
 // CTA has no work: a split past its request's count (split_plan) writes nothing,
 // and the combine reads only the splits below that count.
-__device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int split, int bn, int tid, Work& w) {
+// `job`: the batch schedule's where PLANNED (a grid of batch_plan), else unused (the 3-D grid's
+// split_plan).
+template <bool PLANNED>
+__device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int split, int bn, int tid, Work& w,
+                                           const BatchJob& job) {
   const bool reporter = tid == 0 && r0 == 0 && split == 0;
   const int64_t qo_lo64 = load_index(p.qo_indptr, p.qo_indptr_64, b);
   const int64_t qo_hi64 = load_index(p.qo_indptr, p.qo_indptr_64, b + 1);
@@ -319,9 +444,11 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int s
   if (r0 >= w.rows) return false;  // no such row tile for this request (combine skips it too)
   w.L = kv_hi - w.kv_lo;
   w.KV = w.L + w.N;
-  const SplitPlan sp = split_plan(w.KV, p.num_splits, p.split_keys);
+  const SplitPlan sp = PLANNED ? SplitPlan{job.splits, job.per} : split_plan(w.KV, p.num_splits, p.split_keys);
   if (split >= sp.splits) return false;  // a split this request does not need (split 0 always is)
   w.splits = sp.splits;
+  w.slot0 = PLANNED ? job.slot : static_cast<int64_t>(w.qo_start) * p.H;
+  w.slot_stride = PLANNED ? job.rows : static_cast<int64_t>(p.T) * p.H;
   mask_window(p, b, w.N, w.KV, w);
   if (!w.mask_ok && reporter) report_error(p.err, KDTREE_ERR_MASK);
   // split < sp.splits: its first step lies before the end, so t_begin < t_end
@@ -348,7 +475,8 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 // Write one thread's two query rows (r0 = row g, r0 + 8) of O, 256 columns starting at
 // half * 256 (acc in mma C layout: n8 block i in acc[4i..4i+3]), and their LSE: bf16 to
 // o when the request has one split, bf16 normalised partials (part_t) plus the fp32 LSE to
-// the workspace (`partial`: it has several, Work::splits; uniform over the CTA).
+// the workspace (`partial`: it has several, Work::splits; uniform over the CTA), row r of the
+// request at partial row part_slot + r (Work::slot0 + split * Work::slot_stride).
 //
 // Partials in 16-byte stores: lane tq of a quad holds columns 8i + 2tq, +1 of each n8 block i.
 // Two butterfly rounds per four blocks 4j .. 4j + 3 give lane tq all 8 columns of block 4j + tq:
@@ -359,7 +487,7 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 // the stores are predicated.
 __device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
                                            const float* l_run, int r0, int rows, int qo_start,
-                                           int split, bool partial, int half, int tq) {
+                                           int64_t part_slot, bool partial, int half, int tq) {
   const int H = p.H;
   // row h's 1/l and natural-log LSE (an empty row: 0 and -inf)
   auto norm = [&](int h, float& inv, float& lse) {
@@ -374,8 +502,8 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
       const bool valid = rr < rows;
       float inv, lse;
       norm(h, inv, lse);
-      const int64_t grow = static_cast<int64_t>(qo_start) * H + rr;
-      part_t* row = p.o_part + (static_cast<int64_t>(split) * p.T * H + grow) * DV + half * 256;
+      const int64_t slot = part_slot + rr;
+      part_t* row = p.o_part + slot * DV + half * 256;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t w[4];
@@ -390,7 +518,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
         const uint2 first = c ? got : keep, second = c ? keep : got;  // columns 0-3, 4-7 of block 4j + tq
         if (valid) *reinterpret_cast<uint4*>(row + (4 * j + tq) * 8) = make_uint4(first.x, first.y, second.x, second.y);
       }
-      if (valid && half == 0 && tq == 0) p.lse_part[static_cast<int64_t>(split) * p.T * H + grow] = lse;
+      if (valid && half == 0 && tq == 0) p.lse_part[slot] = lse;
     }
     return;
   }

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+
 #include "launch.h"
 #include "tiles.h"
 
@@ -195,6 +197,24 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   // the kernel takes, a 32-key tile or the sm90 kernel's pair of 64-key blocks
   p.split_keys = cfg.kernel == KDTREE_KERNEL_SM90 ? 2 * kdtree::tiles::SM90_BN : kdtree::tiles::MMA_BN;
   p.scale_log2 = a->sm_scale * kdtree::LOG2E;
+  // The batch schedule (common.cuh batch_plan): one wave of CTAs shared by the batch's requests
+  // by their work, where the batch leaves CTAs for splits and fits the plan's registers. The
+  // budget is one CTA per SM (op.py choose_num_splits' wave) and at most what the workspace's
+  // T * H * num_splits partial rows hold at block_rows rows a CTA. KDTREE_SCHED=grid takes the
+  // (row tiles, num_splits, bs) grid of split_plan instead (read on every call, for A/B runs).
+  {
+    KdtreeDeviceProps d;
+    rc = kdtree::host::device_props(dev, &d);
+    if (rc != KDTREE_OK) return rc;
+    const int64_t row_tiles = (static_cast<int64_t>(a->max_n) * a->num_heads + cfg.block_rows - 1) / cfg.block_rows;
+    const int64_t tiles = row_tiles * a->bs;
+    const int64_t slot_ctas = rows * a->num_splits / cfg.block_rows;
+    const int64_t budget = std::min<int64_t>(std::min<int64_t>(d.sm_count, slot_ctas), kdtree::MAX_SPLITS);
+    const char* sched = getenv("KDTREE_SCHED");
+    const bool grid_forced = sched && strcmp(sched, "grid") == 0;
+    p.planned = !grid_forced && cfg.kernel == KDTREE_KERNEL_SM90 && a->num_splits > 1 && a->bs <= kdtree::PLAN_MAX_BS && budget > tiles;
+    p.split_budget = p.planned ? static_cast<int>(budget) : 0;
+  }
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if (cfg.kernel == KDTREE_KERNEL_SM90) return kdtree::host::launch_sm90(p, cfg, stream);

@@ -52,7 +52,7 @@ int allow_smem(K kernel, int bytes, int* allowed_per_device, const char* what) {
 // Merge the splits (no-op with one split): a programmatic dependent of the main kernel.
 int launch_combine(const Params& p, cudaStream_t stream);
 
-// Launch a main kernel in configuration `cfg` over (row tiles, splits, requests), then the
+// Launch a main kernel in configuration `cfg` over its grid (launch_main below), then the
 // combine. The main kernel is itself a programmatic dependent of the kernel before it on the
 // stream, so that its launch overlaps that kernel's tail (docs/kernel-notes.md, entry I1); its
 // inputs were written by the kernels before it, so its first statement is griddepcontrol.wait
@@ -63,7 +63,8 @@ int launch_main(K kernel, int* allowed, const char* what, int block_rows, const 
   int rc = allow_smem(kernel, cfg.smem_request, allowed, what);
   if (rc != KDTREE_OK) return rc;
   const int row_tiles = (p.max_n * p.H + block_rows - 1) / block_rows;
-  const dim3 grid(row_tiles, p.num_splits, p.bs);
+  // the batch schedule's one wave (common.cuh batch_plan), or (row tiles, splits, requests)
+  const dim3 grid = p.planned ? dim3(static_cast<unsigned>(p.split_budget)) : dim3(row_tiles, p.num_splits, p.bs);
   cudaError_t e = launch_pdl(kernel, grid, cfg.threads, cfg.smem_request, stream, args...);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)

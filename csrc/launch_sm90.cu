@@ -60,14 +60,16 @@ bool pool_tensor_map(const Params& p, CUtensorMap* map) {
 
 int launch_sm90(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream) {
   namespace s9 = kdtree::sm90;
-  static int allowed[64];
+  static int allowed[2][64];
   if (cfg.threads != s9::THREADS || cfg.smem_bytes != s9::SMEM)
     return fail(KDTREE_EINVAL, "configuration %s (%d threads, %d B) is not the sm90 kernel's", cfg.name, cfg.threads,
                 cfg.smem_bytes);
   CUtensorMap map;
   memset(&map, 0, sizeof map);
   const int use_tma = pool_tensor_map(p, &map) ? 1 : 0;
-  return launch_main(s9::verify_attn_kernel_sm90, allowed, "sm90", s9::BM, p, cfg, stream, p, map, use_tma);
+  if (p.planned)
+    return launch_main(s9::verify_attn_kernel_sm90<true>, allowed[1], "sm90", s9::BM, p, cfg, stream, p, map, use_tma);
+  return launch_main(s9::verify_attn_kernel_sm90<false>, allowed[0], "sm90", s9::BM, p, cfg, stream, p, map, use_tma);
 }
 
 }  // namespace host

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   Work w;
-  if (!setup_work(p, b, rt * BM, split, BN, tid, w)) return;
+  if (!setup_work<false>(p, b, rt * BM, split, BN, tid, w, BatchJob{})) return;  // the 3-D grid (launch_mma)
   const int qo_start = w.qo_start, kv_lo = w.kv_lo, N = w.N, rows = w.rows, r0 = w.r0, L = w.L;
   const int t_begin = w.t_begin, t_end = w.t_end, H = p.H;
 
@@ -376,7 +376,8 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start, split, w.splits > 1, kh, tq);
+  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start,
+             (static_cast<int64_t>(split) * p.T + qo_start) * H, w.splits > 1, kh, tq);
 }
 
 }  // namespace kdtree

@@ -53,9 +53,13 @@ constexpr int TILE = 9 * CHUNK;                     // 64 rows x 576 columns
 constexpr int Q_OFF = 0;                            // Q, then key buffer 0 at TILE, buffer 1 at 2 TILE
 constexpr int MPUB_OFF = 3 * TILE;                  // [2 buffers][64] published maxima, then [2][64] row sums
 constexpr int BAR_OFF = MPUB_OFF + 2 * 2 * 64 * 4;  // full[2 buffers][3 groups], empty[2][3], hand[2]
-constexpr int SMEM = BAR_OFF + 14 * 8 + 1024;       // + slack to align the base to 1024
+constexpr int SLOT_OFF = BAR_OFF + 14 * 8;           // the CTA's first partial row (int64; the epilogue's)
+constexpr int JOB_OFF = SLOT_OFF + 8;               // the batch schedule's job (warp 0 derives it for all)
+static_assert(sizeof(BatchJob) <= 32 && JOB_OFF % 8 == 0, "the job's bytes in the layout");
+constexpr int SMEM = JOB_OFF + 32 + 1024;           // + slack to align the base to 1024
 static_assert(SMEM == tiles::sm90_bytes() && TILE == tiles::SM90_TILE, "tiles.h disagrees with the kernel's layout");
 static_assert(BN == tiles::SM90_BN, "the split schedule's step (Params::split_keys) is two of these blocks");
+static_assert(BM == PLAN_BM, "the batch schedule (batch_plan) counts row tiles of PLAN_BM rows");
 constexpr int G03 = 0, G47 = 1, G8 = 2;             // piece groups of a block
 constexpr int RUN_ROWS = 32;                        // rows per producer warp: a TMA box when contiguous
 // (the lazy maximum: RESCALE_LOG2, common.cuh)
@@ -109,6 +113,8 @@ __device__ __forceinline__ void s_steps(float* s, uint64_t dq0, uint64_t dk0) {
 // `tmap`: the pool as a [pool_size, 576] bf16 tensor (RUN_ROWS x 64 boxes, 128B swizzle);
 // a producer warp whose 32 rows are one contiguous run of prefix slots copies them with
 // 9 TMA loads per block when `use_tma` (else, and for every other warp, the gather).
+// PLANNED: a 1-D grid of the batch schedule (common.cuh batch_plan), else (row tiles, splits, bs).
+template <bool PLANNED>
 __global__ void __launch_bounds__(THREADS, 1)
     verify_attn_kernel_sm90(const Params p, const __grid_constant__ CUtensorMap tmap, int use_tma) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -125,12 +131,26 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto hand = [&](int w) { return bars + 96u + 8u * w; };
 
   pdl_main_prologue();
-  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  BatchJob job;
+  if (PLANNED) {  // warp 0 derives the CTA's job (common.cuh batch_plan) for all
+    BatchJob* job_s = reinterpret_cast<BatchJob*>(smem + JOB_OFF);
+    if (tid < 32) {
+      const BatchJob j = batch_plan(p, blockIdx.x, -1);
+      if (tid == 0) *job_s = j;
+    }
+    __syncthreads();
+    job = *job_s;
+    if (job.b < 0) return;  // uniform over the CTA
+    b = job.b;
+    rt = job.local % job.rt;
+    split = job.local / job.rt;
+  }
 
   Work w;
-  if (!setup_work(p, b, rt * BM, split, BN, tid, w)) return;  // uniform over the CTA
+  if (!setup_work<PLANNED>(p, b, rt * BM, split, BN, tid, w, job)) return;  // uniform over the CTA
   const int H = p.H;
   const int npairs = (w.t_end - w.t_begin + 1) / 2;
   if (tid == 0) {
@@ -144,6 +164,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(hand(buf), 128);        // warpgroup buf's maxima and P
     }
     fence_mbar_init();
+    *reinterpret_cast<int64_t*>(smem + SLOT_OFF) = w.slot0 + split * w.slot_stride;  // read in the epilogue
   }
   if (wg < 2) {  // Q rows, by the math warpgroups: 4 threads per row, 18 pieces each
     const int lrow = tid >> 2, lsub = tid & 3;
@@ -429,7 +450,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   math_sync();
   l_run[0] += red_sum[(wg ^ 1) * 64 + row0];
   l_run[1] += red_sum[(wg ^ 1) * 64 + row0 + 8];
-  store_rows(p, o, m_cur, l_run, myrow0, w.rows, w.qo_start, split, w.splits > 1, wg, tq);
+  store_rows(p, o, m_cur, l_run, myrow0, w.rows, w.qo_start, *reinterpret_cast<const int64_t*>(smem + SLOT_OFF),
+             w.splits > 1, wg, tq);
 #endif
 }
 

@@ -20,10 +20,10 @@ constexpr int MMA_QREG_PRODUCER_WARPS = 4;
 constexpr int mma_qreg_bytes() { return 2 * MMA_BN * ROW_BYTES + MMA_QREG_WARPS * 16 * MMA_BN * 4 + 128 + 64 * 128 + 32 * MMA_QREG_WARPS * 8; }
 
 // sm90: Q + two 64-key buffers (9 swizzled 64 x 64 chunks each), published maxima and
-// row sums, 14 mbarriers, and 1 KB to align the base to 1024.
+// row sums, 14 mbarriers, the CTA's first partial row and job, and 1 KB to align the base to 1024.
 constexpr int SM90_BN = 64;  // keys per block, taken in pairs
 constexpr int SM90_TILE = 9 * 64 * 128;
-constexpr int sm90_bytes() { return 3 * SM90_TILE + 2 * 2 * 64 * 4 + 14 * 8 + 1024; }
+constexpr int sm90_bytes() { return 3 * SM90_TILE + 2 * 2 * 64 * 4 + 14 * 8 + 8 + 32 + 1024; }
 
 struct Tile {
   int id, kernel, block_rows, threads, smem;
