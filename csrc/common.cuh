@@ -358,7 +358,9 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
       int n = 0;  // CTAs at `mid` steps a split (each term capped: the sum stays exact below the budget)
 #pragma unroll
       for (int k = 0; k < PLAN_PER_LANE; ++k) n += min(plan_tiles(rw[k]) * ((st[k] + mid - 1) / mid), budget + 1);
-      if (static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(n))) <= budget) hi = mid;
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) n += __shfl_xor_sync(0xffffffffu, n, d);
+      if (n <= budget) hi = mid;
       else lo = mid + 1;
     }
     per = lo;
