@@ -198,7 +198,9 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   p.split_keys = cfg.kernel == KDTREE_KERNEL_SM90 ? 2 * kdtree::tiles::SM90_BN : kdtree::tiles::MMA_BN;
   p.scale_log2 = a->sm_scale * kdtree::LOG2E;
   // The batch schedule (common.cuh batch_plan): one wave of CTAs shared by the batch's requests
-  // by their work, where the batch leaves CTAs for splits and fits the plan's registers. The
+  // by their work, where the batch leaves CTAs for splits and fits the plan's registers, and has
+  // more than one request (one gets the same counts from split_plan, without the plan's ~4 us:
+  // docs/kernel-notes.md W1). The
   // budget is one CTA per SM (op.py choose_num_splits' wave) and at most what the workspace's
   // T * H * num_splits partial rows hold at block_rows rows a CTA. KDTREE_SCHED=grid takes the
   // (row tiles, num_splits, bs) grid of split_plan instead (read on every call, for A/B runs).
@@ -212,7 +214,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
     const int64_t budget = std::min<int64_t>(std::min<int64_t>(d.sm_count, slot_ctas), kdtree::MAX_SPLITS);
     const char* sched = getenv("KDTREE_SCHED");
     const bool grid_forced = sched && strcmp(sched, "grid") == 0;
-    p.planned = !grid_forced && cfg.kernel == KDTREE_KERNEL_SM90 && a->num_splits > 1 && a->bs <= kdtree::PLAN_MAX_BS && budget > tiles;
+    p.planned = !grid_forced && cfg.kernel == KDTREE_KERNEL_SM90 && a->bs > 1 && a->num_splits > 1 && a->bs <= kdtree::PLAN_MAX_BS && budget > tiles;
     p.split_budget = p.planned ? static_cast<int>(budget) : 0;
   }
 
