@@ -15,6 +15,7 @@ from kdtree_engine.pipeline.phases import PHASES, Gate, PhaseError
 from kdtree_engine.pipeline.run import (
     GateFailed,
     PipelineError,
+    _find_plot,
     record,
     record_phase,
     render_plan,
@@ -22,6 +23,7 @@ from kdtree_engine.pipeline.run import (
 )
 
 PROJECT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"  # the 8-byte PNG signature
 
 
 def git(repo: Path, *args: str) -> str:
@@ -425,7 +427,7 @@ def test_bench_plots_are_committed_and_linked(project_repo, tmp_path):
     write_evidence(project_repo, ev, 0)
     bench = tmp_path / "results" / "bench"  # as a GPU session packs them: beside ev/
     bench.mkdir()
-    (bench / "micro-time.png").write_bytes(b"\x89PNG fake")
+    (bench / "micro-time.png").write_bytes(PNG + b"fake")
     rec = evidence.load_record(ev / "build.json")
     rec["details"] = {"files": {"png": ["/elsewhere/bench/micro-time.png", "/elsewhere/gone.png"]},
                       "markdown_table": "| case | us |\n|---|---|\n| a | 1 |"}
@@ -433,7 +435,82 @@ def test_bench_plots_are_committed_and_linked(project_repo, tmp_path):
     result = record_phase(0, ev, root=project_repo)
     files = git(project_repo, "show", "--name-only", "--format=", "HEAD").split()
     assert f"plans/{plan.PLOTS_DIR}/micro-time.png" in files
-    assert (project_repo / "plans" / plan.PLOTS_DIR / "micro-time.png").read_bytes() == b"\x89PNG fake"
+    assert (project_repo / "plans" / plan.PLOTS_DIR / "micro-time.png").read_bytes() == PNG + b"fake"
     assert f"[micro-time.png]({plan.PLOTS_DIR}/micro-time.png)" in plan.plan_paths(project_repo)[1].read_text()
     assert f"plots: plans/{plan.PLOTS_DIR}/micro-time.png" in result.message
     assert "gone.png" not in result.message
+
+
+def _png(path: Path, body: bytes = b"plot") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(PNG + body)
+    return path
+
+
+def test_find_plot_does_not_reach_deeper_than_the_sibling_folders(tmp_path):
+    """A plot two levels under the evidence folder's parent (as an unrelated file
+    anywhere under /tmp would be) is not the run's plot."""
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    _png(tmp_path / "a" / "b" / "micro-time.png", b"decoy")
+    assert _find_plot("micro-time.png", [], ev) is None
+    _png(ev / "sub" / "micro-time.png", b"decoy")  # nor under the evidence folder's own subfolders
+    assert _find_plot("micro-time.png", [], ev) is None
+
+
+def test_find_plot_finds_a_sibling_folders_plot(tmp_path):
+    ev = tmp_path / "results" / "ev"
+    ev.mkdir(parents=True)
+    plot = _png(tmp_path / "results" / "bench" / "micro-time.png")
+    _png(tmp_path / "results" / "bench" / "deeper" / "micro-time.png", b"decoy")
+    assert _find_plot("micro-time.png", [], ev) == plot
+    assert _find_plot("other.png", [], ev) is None
+
+
+def test_find_plot_refuses_two_siblings_with_the_name(tmp_path):
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    one = _png(tmp_path / "bench" / "micro-time.png")
+    two = _png(tmp_path / "bench2" / "micro-time.png")
+    with pytest.raises(PipelineError, match="micro-time.png.*ambiguous") as e:
+        _find_plot("micro-time.png", [], ev)
+    assert str(one) in str(e.value) and str(two) in str(e.value)
+
+
+def test_find_plot_refuses_a_file_that_is_not_a_png(tmp_path):
+    ev = tmp_path / "ev"
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    ev.mkdir()
+    (bench / "micro-time.png").write_bytes(b"\x89PNG fake")  # not the full signature
+    with pytest.raises(PipelineError, match="micro-time.png.*not a PNG"):
+        _find_plot("micro-time.png", [], ev)
+    (ev / "micro-time.png").write_text("hello")
+    with pytest.raises(PipelineError, match="not a PNG"):
+        _find_plot("micro-time.png", [], ev)
+    with pytest.raises(PipelineError, match="not a PNG"):  # a recorded path is checked too
+        _find_plot("micro-time.png", [str(bench / "micro-time.png")], tmp_path / "empty")
+
+
+def test_find_plot_prefers_the_evidence_folders_own_file(tmp_path):
+    ev = tmp_path / "ev"
+    own = _png(ev / "micro-time.png", b"own")
+    _png(tmp_path / "bench" / "micro-time.png", b"sibling")
+    _png(tmp_path / "bench2" / "micro-time.png", b"sibling")  # no ambiguity: ev/ wins first
+    assert _find_plot("micro-time.png", [], ev) == own
+    recorded = _png(tmp_path / "elsewhere" / "deep" / "micro-time.png", b"recorded")
+    assert _find_plot("micro-time.png", [str(recorded)], ev) == recorded
+
+
+def test_ambiguous_plot_refuses_the_record_before_a_file_is_touched(project_repo, tmp_path):
+    ev = tmp_path / "results" / "ev"
+    write_evidence(project_repo, ev, 0)
+    _png(tmp_path / "results" / "bench" / "micro-time.png")
+    _png(tmp_path / "results" / "bench-old" / "micro-time.png")
+    rec = evidence.load_record(ev / "build.json")
+    rec["details"] = {"files": {"png": ["/elsewhere/bench/micro-time.png"]}}
+    evidence.write_record(rec, ev)
+    before = _snapshot(project_repo)
+    with pytest.raises(PipelineError, match="ambiguous"):
+        record_phase(0, ev, root=project_repo)
+    assert _snapshot(project_repo) == before

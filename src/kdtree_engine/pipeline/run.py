@@ -235,17 +235,45 @@ def select_evidence(evidence_dir: Path, root: Path, state: dict[str, Any], *,
     return Selection(chosen, skipped)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _checked_png(name: str, path: Path) -> Path:
+    """``path``, or a refusal when it does not start with the PNG signature."""
+    with path.open("rb") as f:
+        head = f.read(len(PNG_SIGNATURE))
+    if head != PNG_SIGNATURE:
+        raise PipelineError(
+            f"plot {name}: {path} is not a PNG (it does not start with the PNG signature); "
+            f"refusing to commit it as a plot"
+        )
+    return path
+
+
 def _find_plot(name: str, recorded: list[str], evidence_dir: Path) -> Path | None:
-    """A bench plot: where the gate wrote it when that is on this machine, else
-    beside the evidence (its folder or, as a GPU session packs them, a sibling)."""
+    """A bench plot: where the gate wrote it (``recorded``) when that is on this
+    machine, else ``evidence_dir/<name>``, else ``<name>`` in a sibling folder one
+    level deep (``evidence_dir.parent/*/<name>``, as a GPU session packs ``ev/``
+    and ``bench/``). Nothing deeper is searched: with the evidence in /tmp, a glob
+    under the parent reached unrelated files. None when nothing matches; a
+    :class:`PipelineError` when two siblings both hold ``<name>`` (ambiguous) or
+    the match is not a PNG."""
     for p in recorded:
         if Path(p).name == name and Path(p).is_file():
-            return Path(p)
-    for base in (evidence_dir, evidence_dir.parent):
-        found = sorted(base.glob(f"**/{name}")) if base.is_dir() else []
-        if found:
-            return found[0]
-    return None
+            return _checked_png(name, Path(p))
+    own = evidence_dir / name
+    if own.is_file():
+        return _checked_png(name, own)
+    here = evidence_dir.resolve()
+    found = evidence_dir.parent.glob(f"*/{name}") if evidence_dir.parent.is_dir() else []
+    siblings = sorted(c for c in found if c.is_file() and c.parent.resolve() != here)
+    if len(siblings) > 1:
+        raise PipelineError(
+            f"plot {name}: more than one sibling folder of {evidence_dir} holds it "
+            f"({', '.join(str(c) for c in siblings)}); ambiguous, so nothing was recorded. "
+            f"Keep one, or put the right one in {evidence_dir}"
+        )
+    return _checked_png(name, siblings[0]) if siblings else None
 
 
 def _plots(records: dict[str, dict[str, Any]], evidence_dir: Path) -> dict[str, dict[str, Path]]:
