@@ -65,6 +65,48 @@ def test_case_names_unique_and_checked():
         Case(0, 4, 8, 10)
 
 
+ONE64K = (65536,) + (1024,) * 7
+
+
+def test_ragged_case_names_series_and_lengths():
+    c = Case.ragged(16, 8, ONE64K, "one64k-seven1k")
+    assert (c.bs, c.prefix, c.prefixes, c.is_ragged) == (8, 65536, ONE64K, True)
+    assert c.prefix_lens == ONE64K and c.total_prefix == 65536 + 7 * 1024
+    assert c.name == "bs8-N16-H8-ragged-one64k-seven1k"
+    assert c.series == "bs8 N16 H8 ragged one64k-seven1k"
+    assert c == Case(8, 16, 8, 65536, prefixes=ONE64K, label="one64k-seven1k")  # what ragged() builds
+    # no label: the name spells the lengths, longest first, as COUNTxLEN
+    assert Case.ragged(4, 2, (10, 300, 10)).name == "bs3-N4-H2-ragged-1x300-2x10"
+    # the layout and hint tags as for a uniform case, after the ragged part
+    tagged = Case.ragged(16, 8, ONE64K, "one64k-seven1k", layout="runs16", hint=False)
+    assert tagged.name == "bs8-N16-H8-ragged-one64k-seven1k-runs16-nohint"
+    assert tagged.series == "bs8 N16 H8 ragged one64k-seven1k runs16 nohint"
+    # a uniform case is unchanged, and no ragged case falls into its prefix series
+    u = Case(8, 16, 8, 65536)
+    assert (u.name, u.series, u.prefix_lens, u.is_ragged) == ("bs8-N16-H8-L65536", "bs8 N16 H8", (65536,) * 8, False)
+    assert c.series != u.series and c.name != u.name
+    assert u.ragged_label is None and c.shape == (8, 16, 8, ONE64K) and u.shape == (8, 16, 8, (65536,) * 8)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(bs=3, prefix=300, prefixes=(10, 300)),
+     r"Case\.prefixes: expected 3 prefix lengths \(one per request, bs = 3\), got 2"),
+    (dict(bs=2, prefix=300, prefixes=(-1, 300)), r"Case\.prefixes: expected lengths >= 0, got \(-1, 300\)"),
+    (dict(bs=2, prefix=300, prefixes=(300, 300)), r"Case\.prefixes: expected lengths that differ.*got \(300, 300\)"),
+    (dict(bs=2, prefix=10, prefixes=(10, 300)),
+     r"Case\.prefix: expected the longest of Case\.prefixes \(300\) for a ragged case, got 10"),
+    (dict(bs=2, prefix=300, prefixes=[10, 300]), r"Case\.prefixes: expected a tuple of ints.*got \[10, 300\]"),
+    (dict(bs=2, prefix=300, prefixes=(10.0, 300)), r"Case\.prefixes: expected a tuple of ints"),
+    (dict(bs=2, prefix=300, label="one300"), r"Case\.label: expected only with Case\.prefixes.*got 'one300'"),
+    (dict(bs=2, prefix=300, prefixes=(10, 300), label="one 300"),
+     r"Case\.label: expected letters, digits.*got 'one 300'"),
+    (dict(bs=2, prefix=300, prefixes=(10, 300), label="a,b"), r"Case\.label: expected letters, digits.*got 'a,b'"),
+])
+def test_ragged_case_checked(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Case(n=4, heads=8, **kw)
+
+
 def test_get_suite_and_systems_errors():
     with pytest.raises(ValueError, match=r"--suite: expected one of micro, long-context.*got 'nano'"):
         suites.get_suite("nano")
