@@ -19,17 +19,41 @@ DESIGN_ROWS = [
 ]
 
 
-def test_micro_is_the_design_table_and_the_nohint_cases():
+#: the micro suite's ragged cases, by name (tools/ragged_probe.py's non-uniform batches)
+MICRO_RAGGED = ["bs8-N16-H8-ragged-one64k-seven1k", "bs8-N16-H8-ragged-geometric32k",
+                "bs4-N16-H8-ragged-one91k-three4k", "bs32-N8-H16-ragged-one32k-rest2k",
+                "bs16-N16-H8-ragged-two64k-rest1k"]
+
+
+def test_micro_is_the_design_table_the_nohint_and_the_ragged_cases():
     micro = suites.SUITES["micro"]
-    hinted = [c for c in micro.cases if c.hint]
+    hinted = [c for c in micro.cases if c.hint and not c.is_ragged]
     assert [(c.bs, c.n, c.heads, c.prefix) for c in hinted] == [r[:4] for r in DESIGN_ROWS]
     # issue 16: bs1 N16 H8 at 1k and 4k as under graph capture (ours without the host hint)
     assert [(c.bs, c.n, c.heads, c.prefix, c.name) for c in micro.cases if not c.hint] == [
         (1, 16, 8, 1024, "bs1-N16-H8-L1024-nohint"), (1, 16, 8, 4096, "bs1-N16-H8-L4096-nohint")]
-    assert len(micro.cases) == len(DESIGN_ROWS) + 2
+    ragged = [c for c in micro.cases if c.is_ragged]
+    assert [c.name for c in ragged] == MICRO_RAGGED and all(c.hint and c.layout == "fragmented" for c in ragged)
+    assert len(micro.cases) == len(DESIGN_ROWS) + 2 + len(MICRO_RAGGED)
     assert all(c.masks == ("tree", "chain") for c in micro.cases)
     assert micro.systems == suites.SYSTEMS
     assert "extend_50x" not in micro.targets  # docs/design.md section 6: the 50x target is the long-context suite's
+
+
+def test_micro_ragged_cases_are_the_probes_batches():
+    """The micro suite times the batches tools/ragged_probe.py measured (every one of its
+    cases but the uniform control), with the probe's drafts, heads and lengths in its order."""
+    from conftest import load_tool
+
+    probe = load_tool("ragged_probe")
+    want = [(name, tuple(lens), n, h) for name, lens, n, h in probe.CASES if len(set(lens)) > 1]
+    assert len(want) == len(probe.CASES) - 1
+    got = [(c.name.replace("-ragged-", "-"), c.prefixes, c.n, c.heads)
+           for c in suites.SUITES["micro"].cases if c.is_ragged]
+    assert got == want
+    for c in suites.SUITES["micro"].cases:
+        if c.is_ragged:
+            assert c.prefix == max(c.prefixes) and c.bs == len(c.prefixes)
 
 
 def test_long_context_suite():

@@ -81,6 +81,25 @@ def test_micro_targets_cover_the_nohint_cases():
     assert set(nohint) <= {r["case"] for r in ts["sm120_hopper"].rows}
 
 
+def test_micro_targets_cover_the_ragged_cases():
+    """Every micro target that takes per-shape ratios has a row for each ragged micro case;
+    floor_fraction and sm120_seed (bs=1 shapes) have none."""
+    micro = SUITES["micro"]
+    ragged = {c.name for c in micro.cases if c.is_ragged}
+    assert len(ragged) == 5
+    t = good(micro.cases)
+    for c in micro.cases:
+        t[(c.name, "ours-sm120", "tree")] = t[(c.name, "ours-sm120", "chain")] = 30.0
+    ts = by_name(evaluate(micro.targets, micro.cases, table(t), {c.name: 10.0 for c in micro.cases}, H200))
+    assert set(ts) == set(micro.targets)
+    for name, t_ in ts.items():
+        rows = {r["case"] for r in t_.rows}
+        if name in ("floor_fraction", "sm120_seed"):
+            assert not rows & ragged, name
+        else:
+            assert ragged <= rows, name
+
+
 def test_extend_50x_ignores_prefixes_below_23k():
     cases = [Case(1, 16, 8, 4096), Case(1, 16, 8, 23000)]
     t = good(cases)

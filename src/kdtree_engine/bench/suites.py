@@ -12,9 +12,11 @@ tree (its time does not depend on the mask).
 
 Suites (docs/design.md section 6, issues 4, 7 and 8):
 
-- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1), and
+- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1),
   bs=1, N=16, H=8 at prefix 1k and 4k called as under CUDA-graph capture, without
-  the host hint (``-nohint``: the device picks the splits, issue 16).
+  the host hint (``-nohint``: the device picks the splits, issue 16), and the
+  ragged batches of tools/ragged_probe.py (:data:`RAGGED_CASES`: one long request
+  among short ones, where the split schedule matters most).
 - ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
 - ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
   contiguous, in runs of 16/64/256 and fully random, prefix 4k..91k: the
@@ -180,10 +182,22 @@ FRAG_PREFIXES = (4096, 23000, 65536, 91000)
 GRAPH_PREFIXES = (1024, 65536)
 #: issue 16: bs=1, N=16, H=8 at these prefixes without the host hint (micro suite)
 NOHINT_PREFIXES = (1024, 4096)
+#: ragged batches (micro suite), tools/ragged_probe.py's non-uniform CASES: (label, N, H,
+#: per-request prefixes). One long request among short ones is where the split schedule
+#: matters: ours splits each request by its own length, FlashMLA cuts the batch's work into
+#: equal parts per SM.
+RAGGED_CASES = (
+    ("one64k-seven1k", 16, 8, (65536,) + (1024,) * 7),
+    ("geometric32k", 16, 8, tuple(32768 >> i for i in range(8))),
+    ("one91k-three4k", 16, 8, (91000, 4096, 4096, 4096)),
+    ("one32k-rest2k", 8, 16, (32768,) + (2048,) * 31),
+    ("two64k-rest1k", 16, 8, (65536, 65536) + (1024,) * 14),
+)
 
 #: the shape of the floor-fraction target (issue 4): bs=1, H=8, N=16, prefix 65536
 FLOOR_SHAPE = (1, 16, 8, 65536)
-#: prefix from which the 50x-over-SGLang-extend target applies
+#: prefix from which the 50x-over-SGLang-extend target applies (uniform cases only: a ragged
+#: batch is not a long-context call, bench/targets.py)
 EXTEND_TARGET_MIN_PREFIX = 23000
 #: issue 15's seed shapes: bs=1, N=16, H=8 at prefixes 23k..91k (sm_120 within 2.0x of the Hopper kernel)
 SM120_SEED = (1, 16, 8)
@@ -193,9 +207,10 @@ SUITES: dict[str, Suite] = {
     "micro": Suite(
         "micro",
         "Phase 1: the docs/design.md section 6 shapes, tree and chain, every peer "
-        "(and bs1 N16 H8 1k, 4k without the host hint)",
+        "(and bs1 N16 H8 1k, 4k without the host hint; ragged batches of one long request among short ones)",
         tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES)
-        + tuple(Case(1, 16, 8, L, hint=False) for L in NOHINT_PREFIXES),
+        + tuple(Case(1, 16, 8, L, hint=False) for L in NOHINT_PREFIXES)
+        + tuple(Case.ragged(n, h, lens, label) for label, n, h, lens in RAGGED_CASES),
         SYSTEMS,
         ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction", "sm120_seed", "sm120_hopper", "sm120_splitkv"),
         budget_s=360.0,
