@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import types
+import zlib
 from contextlib import contextmanager
 
 import pytest
@@ -164,8 +165,8 @@ def fake_cuda(monkeypatch):
 TINY = (Case(1, 4, 2, 40), Case(2, 3, 2, 90))
 
 
-def _suite(monkeypatch, targets, systems=suites.SYSTEMS, kind="compare", name="tiny"):
-    s = Suite(name, "a tiny simulated suite", TINY, systems, targets, budget_s=60, kind=kind)
+def _suite(monkeypatch, targets, systems=suites.SYSTEMS, kind="compare", name="tiny", cases=TINY):
+    s = Suite(name, "a tiny simulated suite", cases, systems, targets, budget_s=60, kind=kind)
     monkeypatch.setitem(suites.SUITES, name, s)
     return s
 
@@ -279,6 +280,39 @@ def test_case_seed_same_request_across_layouts():
     assert gate.case_seed(a, 0) == gate.case_seed(b, 0)
     assert gate.case_seed(a, 0) != gate.case_seed(Case(1, 16, 8, 23000), 0)
     assert gate.case_seed(a, 0) != gate.case_seed(a, 1)
+    # a uniform case's seed is the one its recorded figures were taken with
+    assert gate.case_seed(Case(8, 16, 8, 65536), 2) == 2 * 100_003 + zlib.crc32(b"8-16-8-65536") % 100_000
+    # a ragged case: its own data, the same in every layout
+    lens = (65536,) + (1024,) * 7
+    r, r16 = Case.ragged(16, 8, lens, "one64k-seven1k"), Case.ragged(16, 8, lens, "x", layout="runs16")
+    assert gate.case_seed(r, 0) == gate.case_seed(r16, 0) != gate.case_seed(Case(8, 16, 8, 65536), 0)
+    assert gate.case_seed(r, 0) != gate.case_seed(Case.ragged(16, 8, lens[::-1]), 0)
+
+
+def test_simulated_run_hands_every_peer_the_ragged_lengths(fake_cuda, monkeypatch, tmp_path):
+    """A ragged case through the gate: every system is prepared on batches with the case's
+    per-request lengths, its figures are checked and recorded, and its floor is the ragged one."""
+    ragged = Case.ragged(3, 2, (90, 0, 17), "mix")
+    _suite(monkeypatch, ("tree_vs_chain",), cases=(TINY[0], ragged))
+    fake_cuda["flashmla"]._missing = None
+    seen: dict[str, set] = {}
+    for name, fake in fake_cuda.items():
+        def spy(batch, real=fake.prepare, name=name):
+            if len(batch.prefix_lens) == 3:
+                seen.setdefault(name, set()).add((tuple(batch.prefix_lens), tuple(batch.kv_indptr.tolist()),
+                                                  tuple(batch.qo_indptr.tolist())))
+            return real(batch)
+
+        monkeypatch.setattr(fake, "prepare", spy)
+    code, rec = _run(tmp_path)
+    assert code == 0, rec["reason"]
+    assert seen == {s: {((90, 0, 17), (0, 90, 90, 107), (0, 3, 6, 9))} for s in suites.SYSTEMS}
+    st = {(r["case"], r["system"], r["mask"]): r["status"] for r in rec["details"]["results"]}
+    assert st[(ragged.name, "flashmla", "chain")] == "ok" and st[(ragged.name, "ours", "tree")] == "ok"
+    report = json.loads((tmp_path / "out" / "tiny.json").read_text())
+    assert report["floors"][ragged.name]["bytes"] == roofline.case_bytes(ragged)
+    tvc = rec["details"]["targets"][0]
+    assert tvc["name"] == "tree_vs_chain" and ragged.name in {r["case"] for r in tvc["rows"]}
 
 
 def test_sm120_targets_fail_with_the_target_and_the_miss(fake_cuda, monkeypatch, tmp_path):

@@ -163,3 +163,70 @@ def test_rerender_from_json(tmp_path, capsys):
     bad.write_text("[1, 2]")
     assert report.main([str(bad)]) == 2
     assert "expected a bench report JSON" in capsys.readouterr().err
+
+
+RAGGED = Case.ragged(16, 8, (65536,) + (1024,) * 7, "one64k-seven1k")
+
+
+def _ragged_report():
+    cases = (CASES[0], RAGGED)
+    suite = Suite("ragged-test", "uniform and ragged", cases, SUITE.systems, ("flashmla", "tree_vs_chain"), 10)
+    rs = []
+    for i, c in enumerate(cases):
+        rs += [Result(c.name, "ours", "tree", "ok", replay_us=60.0 + i, eager_us=90.0),
+               Result(c.name, "ours", "chain", "ok", replay_us=59.0 + i, eager_us=88.0),
+               Result(c.name, "sglang-extend", "tree", "ok", replay_us=10000.0, eager_us=10010.0),
+               Result(c.name, "flashmla", "chain", "ok", replay_us=54.0, eager_us=70.0)]
+    return _report(suite, rs)
+
+
+def test_ragged_case_in_the_report_json_tables_and_plots(tmp_path):
+    rep = _ragged_report()
+    case = next(c for c in rep["cases"] if c["name"] == RAGGED.name)
+    assert case["prefix"] == 65536 and case["prefixes"] == [65536] + [1024] * 7
+    assert case["label"] == "one64k-seven1k" and case["series"] == "bs8 N16 H8 ragged one64k-seven1k"
+    assert next(c for c in rep["cases"] if c["name"] == CASES[0].name)["prefixes"] is None
+    fl = floor_terms(RAGGED, CEIL)["floor_us"]
+    assert rep["floors"][RAGGED.name]["floor_us"] == fl
+    row = next(line for line in report.main_table(rep).splitlines() if line.startswith(f"| {RAGGED.name} |"))
+    cells = row.strip("| ").split(" | ")
+    assert cells[1:3] == ["61", "60"] and cells[5] == "54" and cells[-3:] == [report._us(fl), "1.11", f"{fl / 61:.2f}"]
+    md = report.markdown(rep)
+    assert f"- {RAGGED.name}: 1 x 65536, 7 x 1024" in md and "Ragged cases" in md
+    assert f"- {CASES[0].name}:" not in md  # a uniform case is not listed as ragged
+    targets = {t["name"]: t for t in rep["targets"]}
+    assert RAGGED.name in {r["case"] for r in targets["flashmla"]["rows"]}
+    names, times, speed = report._plot_series(rep)
+    assert names == [CASES[0].name, RAGGED.name]
+    assert times["FlashMLA"][1] == 54.0 and speed["FlashMLA / ours chain"][1] == pytest.approx(54 / 60)
+    assert times["floor"][1] == fl
+    files = report.write(rep, tmp_path / "a")  # and back from its JSON, as on a machine with matplotlib
+    assert report.main([str(files["json"]), "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "ragged-test.md").read_text() == files["markdown"].read_text()
+
+
+def test_report_from_before_ragged_cases_still_renders():
+    """A report JSON written before Case.prefixes existed has no prefixes or label: uniform."""
+    rep = _report()
+    for c in rep["cases"]:
+        del c["prefixes"], c["label"]
+    assert report.main_table(rep) == report.main_table(_report())
+    assert "Ragged cases" not in report.markdown(rep)
+    assert report.prefix_text(rep["cases"][0]) == "23000"
+
+
+def test_fragmentation_table_pairs_a_ragged_layout_with_its_own_lengths():
+    """The penalty of a ragged case's layout is taken against the contiguous case of the same
+    lengths, not against a uniform case that shares bs, N, H and the longest prefix."""
+    lens = (300, 10, 10)
+    uni = Case(3, 4, 2, 300, layout="contiguous", masks=("tree",))
+    rag0, rag = (Case.ragged(4, 2, lens, "one300", layout=lay, masks=("tree",)) for lay in ("contiguous", "fragmented"))
+    cases = (rag0, uni, rag)
+    rs = [Result(c.name, "ours", "tree", "ok", replay_us=us, eager_us=us) for c, us in ((rag0, 10.0), (uni, 30.0),
+                                                                                         (rag, 11.0))]
+    fr = SUITES["fragmentation"]
+    md = report.main_table(_report(Suite("fragmentation", fr.description, cases, ("ours",), (), 10,
+                                         kind="fragmentation"), rs))
+    line = next(x for x in md.splitlines() if "| fragmented |" in x)
+    assert line.startswith("| 1 x 300, 2 x 10 | fragmented | 11 | +10.0% |")
+    assert "| 300 | contiguous | 30 | +0.0% |" in md

@@ -19,17 +19,41 @@ DESIGN_ROWS = [
 ]
 
 
-def test_micro_is_the_design_table_and_the_nohint_cases():
+#: the micro suite's ragged cases, by name (tools/ragged_probe.py's non-uniform batches)
+MICRO_RAGGED = ["bs8-N16-H8-ragged-one64k-seven1k", "bs8-N16-H8-ragged-geometric32k",
+                "bs4-N16-H8-ragged-one91k-three4k", "bs32-N8-H16-ragged-one32k-rest2k",
+                "bs16-N16-H8-ragged-two64k-rest1k"]
+
+
+def test_micro_is_the_design_table_the_nohint_and_the_ragged_cases():
     micro = suites.SUITES["micro"]
-    hinted = [c for c in micro.cases if c.hint]
+    hinted = [c for c in micro.cases if c.hint and not c.is_ragged]
     assert [(c.bs, c.n, c.heads, c.prefix) for c in hinted] == [r[:4] for r in DESIGN_ROWS]
     # issue 16: bs1 N16 H8 at 1k and 4k as under graph capture (ours without the host hint)
     assert [(c.bs, c.n, c.heads, c.prefix, c.name) for c in micro.cases if not c.hint] == [
         (1, 16, 8, 1024, "bs1-N16-H8-L1024-nohint"), (1, 16, 8, 4096, "bs1-N16-H8-L4096-nohint")]
-    assert len(micro.cases) == len(DESIGN_ROWS) + 2
+    ragged = [c for c in micro.cases if c.is_ragged]
+    assert [c.name for c in ragged] == MICRO_RAGGED and all(c.hint and c.layout == "fragmented" for c in ragged)
+    assert len(micro.cases) == len(DESIGN_ROWS) + 2 + len(MICRO_RAGGED)
     assert all(c.masks == ("tree", "chain") for c in micro.cases)
     assert micro.systems == suites.SYSTEMS
     assert "extend_50x" not in micro.targets  # docs/design.md section 6: the 50x target is the long-context suite's
+
+
+def test_micro_ragged_cases_are_the_probes_batches():
+    """The micro suite times the batches tools/ragged_probe.py measured (every one of its
+    cases but the uniform control), with the probe's drafts, heads and lengths in its order."""
+    from conftest import load_tool
+
+    probe = load_tool("ragged_probe")
+    want = [(name, tuple(lens), n, h) for name, lens, n, h in probe.CASES if len(set(lens)) > 1]
+    assert len(want) == len(probe.CASES) - 1
+    got = [(c.name.replace("-ragged-", "-"), c.prefixes, c.n, c.heads)
+           for c in suites.SUITES["micro"].cases if c.is_ragged]
+    assert got == want
+    for c in suites.SUITES["micro"].cases:
+        if c.is_ragged:
+            assert c.prefix == max(c.prefixes) and c.bs == len(c.prefixes)
 
 
 def test_long_context_suite():
@@ -65,6 +89,48 @@ def test_case_names_unique_and_checked():
         Case(0, 4, 8, 10)
 
 
+ONE64K = (65536,) + (1024,) * 7
+
+
+def test_ragged_case_names_series_and_lengths():
+    c = Case.ragged(16, 8, ONE64K, "one64k-seven1k")
+    assert (c.bs, c.prefix, c.prefixes, c.is_ragged) == (8, 65536, ONE64K, True)
+    assert c.prefix_lens == ONE64K and c.total_prefix == 65536 + 7 * 1024
+    assert c.name == "bs8-N16-H8-ragged-one64k-seven1k"
+    assert c.series == "bs8 N16 H8 ragged one64k-seven1k"
+    assert c == Case(8, 16, 8, 65536, prefixes=ONE64K, label="one64k-seven1k")  # what ragged() builds
+    # no label: the name spells the lengths, longest first, as COUNTxLEN
+    assert Case.ragged(4, 2, (10, 300, 10)).name == "bs3-N4-H2-ragged-1x300-2x10"
+    # the layout and hint tags as for a uniform case, after the ragged part
+    tagged = Case.ragged(16, 8, ONE64K, "one64k-seven1k", layout="runs16", hint=False)
+    assert tagged.name == "bs8-N16-H8-ragged-one64k-seven1k-runs16-nohint"
+    assert tagged.series == "bs8 N16 H8 ragged one64k-seven1k runs16 nohint"
+    # a uniform case is unchanged, and no ragged case falls into its prefix series
+    u = Case(8, 16, 8, 65536)
+    assert (u.name, u.series, u.prefix_lens, u.is_ragged) == ("bs8-N16-H8-L65536", "bs8 N16 H8", (65536,) * 8, False)
+    assert c.series != u.series and c.name != u.name
+    assert u.ragged_label is None and c.shape == (8, 16, 8, ONE64K) and u.shape == (8, 16, 8, (65536,) * 8)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(bs=3, prefix=300, prefixes=(10, 300)),
+     r"Case\.prefixes: expected 3 prefix lengths \(one per request, bs = 3\), got 2"),
+    (dict(bs=2, prefix=300, prefixes=(-1, 300)), r"Case\.prefixes: expected lengths >= 0, got \(-1, 300\)"),
+    (dict(bs=2, prefix=300, prefixes=(300, 300)), r"Case\.prefixes: expected lengths that differ.*got \(300, 300\)"),
+    (dict(bs=2, prefix=10, prefixes=(10, 300)),
+     r"Case\.prefix: expected the longest of Case\.prefixes \(300\) for a ragged case, got 10"),
+    (dict(bs=2, prefix=300, prefixes=[10, 300]), r"Case\.prefixes: expected a tuple of ints.*got \[10, 300\]"),
+    (dict(bs=2, prefix=300, prefixes=(10.0, 300)), r"Case\.prefixes: expected a tuple of ints"),
+    (dict(bs=2, prefix=300, label="one300"), r"Case\.label: expected only with Case\.prefixes.*got 'one300'"),
+    (dict(bs=2, prefix=300, prefixes=(10, 300), label="one 300"),
+     r"Case\.label: expected letters, digits.*got 'one 300'"),
+    (dict(bs=2, prefix=300, prefixes=(10, 300), label="a,b"), r"Case\.label: expected letters, digits.*got 'a,b'"),
+])
+def test_ragged_case_checked(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Case(n=4, heads=8, **kw)
+
+
 def test_get_suite_and_systems_errors():
     with pytest.raises(ValueError, match=r"--suite: expected one of micro, long-context.*got 'nano'"):
         suites.get_suite("nano")
@@ -97,6 +163,87 @@ def test_floor_terms_by_hand():
     assert roofline.floor_terms(c, slow_mm)["bound"] == "compute"
     with pytest.raises(ValueError, match="ceilings must be positive"):
         roofline.floor_us(c, roofline.Ceilings(0.0, 1.0))
+
+
+def test_ragged_floor_is_the_sum_of_its_requests():
+    """Bytes and flops add up over the requests at their own lengths, so under ceilings that
+    bind every request on the same term the floor is the sum of the requests' floors; it is
+    not the floor of bs requests at the longest prefix."""
+    c = Case.ragged(16, 8, ONE64K, "one64k-seven1k")
+    alone = [Case(1, 16, 8, L) for L in ONE64K]
+    assert roofline.case_bytes(c) == sum(roofline.case_bytes(a) for a in alone)
+    assert roofline.case_flops(c) == sum(roofline.case_flops(a) for a in alone)
+    assert roofline.case_bytes(c) == (65536 + 7 * 1024) * 1152 + 8 * 16 * (8 * 1152 + 1152 + 8 * 1024)
+    for ce in (roofline.Ceilings(4.27e12, 790e12), roofline.Ceilings(1e9, 1e15), roofline.Ceilings(1e15, 1e9)):
+        bound = {roofline.floor_terms(a, ce)["bound"] for a in alone}
+        assert len(bound) == 1 and roofline.floor_terms(c, ce)["bound"] in bound
+        assert roofline.floor_us(c, ce) == pytest.approx(sum(roofline.floor_us(a, ce) for a in alone))
+    ce = roofline.Ceilings(4.27e12, 790e12)
+    assert roofline.floor_us(c, ce) < 0.2 * roofline.floor_us(Case(8, 16, 8, 65536), ce)
+    # the rotations follow the batch's real bytes, not bs x the longest prefix
+    l2 = 60 * 2**20
+    r = data.rotations(c, l2)
+    assert r * roofline.case_bytes(c) >= 3 * l2 > (r - 1) * roofline.case_bytes(c)
+
+
+def _request(b: workloads.Batch, r: int) -> workloads.Batch:
+    """Request ``r`` of batch ``b`` as a batch of its own (its rows, slots and mask)."""
+    qo, kv, mi = (x.tolist() for x in (b.qo_indptr, b.kv_indptr, b.mask_indptr))
+
+    def ptr(x: list[int], like: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([0, x[r + 1] - x[r]], dtype=like.dtype)
+
+    return workloads.Batch(
+        q=b.q[qo[r]: qo[r + 1]], k_ext=b.k_ext[qo[r]: qo[r + 1]], kv_buffer=b.kv_buffer,
+        qo_indptr=ptr(qo, b.qo_indptr), kv_indptr=ptr(kv, b.kv_indptr), kv_indices=b.kv_indices[kv[r]: kv[r + 1]],
+        custom_mask=b.custom_mask[mi[r]: mi[r + 1]], mask_indptr=ptr(mi, b.mask_indptr), sm_scale=b.sm_scale,
+        max_n=b.max_n, prefix_lens=[b.prefix_lens[r]], n_drafts=[b.n_drafts[r]], parents=[b.parents[r]])
+
+
+def test_ragged_build_sets_give_each_request_its_own_length():
+    lens = (70, 0, 33)
+    c = Case.ragged(4, 2, lens, "mix", layout="runs16")
+    sets = data.build_sets(c, 2, "cpu", seed=3)
+    for m in ("tree", "chain"):
+        b = sets[0].batch(m)
+        assert b.prefix_lens == list(lens) and b.n_drafts == [4, 4, 4] and b.bs == 3
+        assert b.kv_indptr.tolist() == [0, 70, 70, 103] and b.qo_indptr.tolist() == [0, 4, 8, 12]
+        assert b.mask_indptr.tolist() == [0, 4 * 74, 4 * 74 + 4 * 4, 4 * 74 + 4 * 4 + 4 * 37]
+        assert b.kv_indices.numel() == 103 and b.kv_indices.unique().numel() == 103 and int(b.kv_indices.min()) >= 1
+        ref = reference.verify_attention_ref(*b.ref_args())[0]
+        for r, L in enumerate(lens):
+            mk = b.custom_mask[b.mask_indptr[r]: b.mask_indptr[r + 1]].view(4, L + 4)
+            assert torch.equal(mk, workloads.full_mask(b.parents[r], L))
+            # request r computed alone, on its own slots and mask, is its rows of the batch
+            alone = reference.verify_attention_ref(*_request(b, r).ref_args())[0]
+            assert torch.equal(ref[4 * r: 4 * r + 4], alone)
+    assert not torch.equal(sets[0].batch("tree").q, sets[1].batch("tree").q)
+
+
+def test_ragged_batches_reach_the_peers_with_their_lengths(monkeypatch):
+    """Ours gets the longest prefix as its host hint; FlashMLA's paged cache holds each request's
+    own prefix and drafts with cache_seqlens = prefix + N; SGLang's kernels take the batch's
+    indptrs (checked above) as they are."""
+    from kdtree_engine.kernel import op
+
+    lens = (70, 5, 33)
+    chain = data.build_sets(Case.ragged(4, 2, lens, "mix"), 1, "cpu")[0].batch("chain")
+    calls = []
+    monkeypatch.setattr(op, "verify_attention", lambda *a, **kw: calls.append(kw["max_prefix_len"]) or kw["out"])
+    PEERS["ours"].prepare(chain)()
+    PEERS["ours"].prepare(data.build_sets(Case.ragged(4, 2, lens, "mix", hint=False), 1, "cpu")[0].batch("chain"))()
+    assert calls == [70, None]
+    k_cache, table, seqlens = paged_chain_cache(chain, page=16)
+    assert seqlens.tolist() == [74, 9, 37]
+    flat, start = k_cache.view(-1, 576), 0
+    for r, L in enumerate(lens):
+        rows = torch.cat([flat[int(blk) * 16: int(blk) * 16 + 16] for blk in table[r, : -(-(L + 4) // 16)]])[: L + 4]
+        want = torch.cat([chain.kv_buffer[chain.kv_indices[start: start + L], 0], chain.k_ext[4 * r: 4 * r + 4, 0]])
+        assert torch.equal(rows, want)
+        start += L
+    split = PEERS["sglang-splitkv"]
+    if split.check() is None:  # split-KV's can_handle takes ragged prefixes (its drafts per request are equal)
+        assert callable(split.prepare(chain))
 
 
 def test_rotations():

@@ -81,12 +81,71 @@ def test_micro_targets_cover_the_nohint_cases():
     assert set(nohint) <= {r["case"] for r in ts["sm120_hopper"].rows}
 
 
+def test_micro_targets_cover_the_ragged_cases():
+    """Every micro target that takes per-shape ratios has a row for each ragged micro case;
+    floor_fraction and sm120_seed (bs=1 shapes) have none."""
+    micro = SUITES["micro"]
+    ragged = {c.name for c in micro.cases if c.is_ragged}
+    assert len(ragged) == 5
+    t = good(micro.cases)
+    for c in micro.cases:
+        t[(c.name, "ours-sm120", "tree")] = t[(c.name, "ours-sm120", "chain")] = 30.0
+    ts = by_name(evaluate(micro.targets, micro.cases, table(t), {c.name: 10.0 for c in micro.cases}, H200))
+    assert set(ts) == set(micro.targets)
+    for name, t_ in ts.items():
+        rows = {r["case"] for r in t_.rows}
+        if name in ("floor_fraction", "sm120_seed"):
+            assert not rows & ragged, name
+        else:
+            assert ragged <= rows, name
+
+
 def test_extend_50x_ignores_prefixes_below_23k():
     cases = [Case(1, 16, 8, 4096), Case(1, 16, 8, 23000)]
     t = good(cases)
     t[(cases[0].name, "sglang-extend", "tree")] = 20.0 * 2  # only 2x at 4k: not a target there
     tr = by_name(evaluate(("extend_50x",), cases, table(t), {}, H200))["extend_50x"]
     assert tr.status == "pass" and [r["case"] for r in tr.rows] == [cases[1].name]
+
+
+RAGGED = [Case.ragged(16, 8, (65536,) + (1024,) * 7, "one64k-seven1k"),
+          Case.ragged(8, 16, (32768,) + (2048,) * 31, "one32k-rest2k")]
+PER_SHAPE = ("splitkv", "flashmla", "tree_vs_chain", "sm120_hopper", "sm120_splitkv")
+ONE_REQUEST = ("extend_50x", "sm120_extend_50x", "floor_fraction", "sm120_seed")
+
+
+def test_ragged_cases_held_to_every_per_shape_target_and_left_out_of_the_long_context_ones():
+    """A ragged case (longest prefix 64k) is a row of every per-shape ratio, and a miss there
+    fails the target at that case; the long-context and bs=1 targets leave it out even where
+    its longest prefix would qualify (extend only 2x faster is not an extend_50x miss)."""
+    cases = LC + RAGGED
+    t = good(cases, split=100.0)
+    for c in cases:
+        t[(c.name, "ours-sm120", "tree")] = 30.0
+        t[(c.name, "ours-sm120", "chain")] = 30.0
+    for c in RAGGED:
+        t[(c.name, "sglang-extend", "tree")] = 20.0 * 2
+    ts = by_name(evaluate(PER_SHAPE + ONE_REQUEST, cases, table(t), {c.name: 10.0 for c in cases}, H200))
+    for name in PER_SHAPE:
+        assert {c.name for c in RAGGED} <= {r["case"] for r in ts[name].rows}, name
+    for name in ONE_REQUEST:
+        assert not {c.name for c in RAGGED} & {r["case"] for r in ts[name].rows}, name
+    assert ts["extend_50x"].status == "pass" and ts["sm120_extend_50x"].status == "pass"
+    assert [r["case"] for r in ts["floor_fraction"].rows] == [LC[1].name]
+    assert {r["case"] for r in ts["sm120_seed"].rows} == {c.name for c in LC}
+    t[(RAGGED[1].name, "ours", "chain")] = 18.0 * 1.3  # 1.3x FlashMLA at the bs32 ragged batch
+    fm = by_name(evaluate(("flashmla",), cases, table(t), {}, H200))["flashmla"]
+    assert fm.status == "fail" and fm.worst_case == RAGGED[1].name and fm.measured == pytest.approx(1.3)
+
+
+def test_ragged_fragmentation_is_taken_against_the_same_lengths():
+    lens = (300, 10, 10)
+    uni = Case(3, 4, 2, 300, layout="contiguous", masks=("tree",))
+    rag0, rag = (Case.ragged(4, 2, lens, "one300", layout=lay, masks=("tree",)) for lay in ("contiguous", "fragmented"))
+    t = {(rag0.name, "ours", "tree"): 10.0, (uni.name, "ours", "tree"): 30.0, (rag.name, "ours", "tree"): 10.5}
+    tr = by_name(evaluate(("fragmentation",), [rag0, uni, rag], table(t), {}, H200))["fragmentation"]
+    assert [r["case"] for r in tr.rows] == [rag.name]
+    assert tr.rows[0]["ours_contiguous_us"] == 10.0 and tr.measured == pytest.approx(0.05) and tr.status == "pass"
 
 
 def test_splitkv_must_be_strictly_faster():

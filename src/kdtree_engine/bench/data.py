@@ -20,6 +20,7 @@ Unused pool slots hold random filler (a live pool holds stale KV, not NaN).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import torch
@@ -63,8 +64,9 @@ class CaseSet:
         return self.batches[mask]
 
 
-def _masks(parents: list[list[int]], prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = [workloads.full_mask(p, prefix).reshape(-1) for p in parents]
+def _masks(parents: list[list[int]], lens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FULL_MASK rows of every request (request b over its own prefix ``lens[b]``) and their indptr."""
+    rows = [workloads.full_mask(p, L).reshape(-1) for p, L in zip(parents, lens, strict=True)]
     mask = torch.cat(rows)
     indptr = [0]
     for r in rows:
@@ -74,24 +76,26 @@ def _masks(parents: list[list[int]], prefix: int) -> tuple[torch.Tensor, torch.T
 
 def build_sets(case: Case, count: int, device: torch.device | str, seed: int = 0,
                sm_scale: float = workloads.DEEPSEEK_SM_SCALE) -> list[CaseSet]:
-    """``count`` input sets of ``case`` on ``device`` (each mask of ``case.masks``)."""
+    """``count`` input sets of ``case`` on ``device`` (each mask of ``case.masks``). Request b
+    has ``case.prefix_lens[b]`` prefix tokens (all ``case.prefix`` but in a ragged case): its
+    slots are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``."""
     if count < 1:
         raise ValueError(f"count: expected >= 1 input sets, got {count}")
     device = torch.device(device)
-    bs, n, h, L = case.bs, case.n, case.heads, case.prefix
+    bs, n, h, lens = case.bs, case.n, case.heads, case.prefix_lens
     # structure (host, small): trees, masks, slot layout; shared by the sets
     tree_gen = torch.Generator().manual_seed(seed * 7919 + 1)
     parents = {"tree": [workloads.make_tree(case.tree, n, tree_gen) for _ in range(bs)],
                "chain": [workloads.chain(n) for _ in range(bs)]}
-    total = bs * L
+    total = sum(lens)
     slots_n = pool_slots(total, case.layout)
     layout_gen = torch.Generator().manual_seed(seed * 7919 + 2 + sum(map(ord, case.layout)))
     slots = workloads.slot_layout(total, slots_n, case.layout, layout_gen).to(device)
     qo = (torch.arange(bs + 1, dtype=torch.int32) * n).to(device)
-    kv = (torch.arange(bs + 1, dtype=torch.int32) * L).to(device)
+    kv = torch.tensor((0, *itertools.accumulate(lens)), dtype=torch.int32).to(device)
     masks = {}
     for m in case.masks:
-        mk, mi = _masks(parents[m], L)
+        mk, mi = _masks(parents[m], lens)
         masks[m] = (mk.to(device), mi.to(device))
 
     sets = []
@@ -111,7 +115,7 @@ def build_sets(case: Case, count: int, device: torch.device | str, seed: int = 0
             batches[m] = workloads.Batch(
                 q=q, k_ext=k_ext, kv_buffer=pool, qo_indptr=qo, kv_indptr=kv, kv_indices=slots,
                 custom_mask=mk, mask_indptr=mi, sm_scale=float(sm_scale), max_n=n,
-                prefix_lens=[L] * bs, n_drafts=[n] * bs, parents=parents[m],
+                prefix_lens=list(lens), n_drafts=[n] * bs, parents=parents[m],
                 meta={"tree": case.tree if m == "tree" else "chain", "layout": case.layout, "set": i,
                       "hint": case.hint},
             )

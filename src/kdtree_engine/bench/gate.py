@@ -75,8 +75,12 @@ def _cuda_alive() -> str | None:
 
 def case_seed(case: Case, seed: int) -> int:
     """The data seed of a case: the same for every slot layout of one shape, so that the
-    fragmentation suite times the same request in each layout."""
-    return seed * 100_003 + zlib.crc32(f"{case.bs}-{case.n}-{case.heads}-{case.prefix}".encode()) % 100_000
+    fragmentation suite times the same request in each layout. A ragged case's key adds its
+    lengths (a uniform case's key is what it always was: its recorded figures keep their data)."""
+    key = f"{case.bs}-{case.n}-{case.heads}-{case.prefix}"
+    if case.is_ragged:
+        key += "-" + ",".join(map(str, case.prefix_lens))
+    return seed * 100_003 + zlib.crc32(key.encode()) % 100_000
 
 
 def _worst_check(checks: list[dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -12,8 +12,9 @@ host synchronisation of their own, so they can be captured in a CUDA graph
 (a peer that cannot be captured is timed eagerly and the report says so).
 
 - ``ours``: :func:`kdtree_engine.kernel.op.verify_attention` with ``out=``
-  preallocated and the ``max_prefix_len`` host hint (none for a case built with
-  ``hint=False``: ``batch.meta["hint"]``, as the SGLang plugin under graph capture).
+  preallocated and the ``max_prefix_len`` host hint, the batch's longest prefix (none
+  for a case built with ``hint=False``: ``batch.meta["hint"]``, as the SGLang plugin
+  under graph capture).
 - ``sglang-extend``: SGLang's ``extend_attention_fwd``, called as
   ``TritonAttnBackend.forward_extend`` calls it for TARGET_VERIFY
   (docs/design.md section 5): q [T,H,576], k = k_ext [T,1,576], v = k_ext[..., :512], o,
@@ -26,7 +27,10 @@ host synchronisation of their own, so they can be captured in a CUDA graph
 - ``flashmla``: FlashMLA dense decode from the sgl-flash-mla wheel
   (``flash_mla_with_kvcache(..., causal=True, use_legacy=True)``) on the chain:
   a paged bf16 cache [blocks, 64, 1, 576] holding each request's prefix and then
-  its drafts' latents, ``cache_seqlens`` = prefix + N, q [bs, N, H, 576].
+  its drafts' latents, ``cache_seqlens`` = that request's prefix + N, q [bs, N, H, 576].
+
+Every adapter reads each request's length from the batch (``prefix_lens``, the
+indptrs), so a ragged batch reaches each peer as SGLang would hand it over.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,10 @@ def build(suite: Suite, cases: Sequence[Case], results: Sequence[Result], floors
         "systems": list(systems),
         "missing": dict(missing),
         "ceilings": ceilings,
+        # prefix: the longest request's (every request's but in a ragged case); prefixes: a ragged
+        # case's per-request lengths, None for a uniform case
         "cases": [{"name": c.name, "series": c.series, "bs": c.bs, "n": c.n, "heads": c.heads, "prefix": c.prefix,
+                   "prefixes": list(c.prefixes) if c.is_ragged else None, "label": c.ragged_label,
                    "layout": c.layout, "masks": list(c.masks), "tree": c.tree, "hint": c.hint} for c in cases],
         "floors": floors,
         "results": [r.as_dict() for r in results],
@@ -139,16 +143,33 @@ def _eager(t: Table, case: str, system: str, mask: str) -> float | None:
     return r.eager_us if r is not None and r.status == "ok" else None
 
 
+def _prefixes(c: dict[str, Any]) -> list[int]:
+    """A report case's per-request prefix lengths (a report written before ragged cases has no
+    ``prefixes``: every request has ``prefix``)."""
+    return list(c.get("prefixes") or [c["prefix"]] * c["bs"])
+
+
+def prefix_text(c: dict[str, Any]) -> str:
+    """``65536`` for a uniform case; ``1 x 65536, 7 x 1024`` for a ragged one (longest first)."""
+    if not c.get("prefixes"):
+        return str(c["prefix"])
+    counts = Counter(c["prefixes"])
+    return ", ".join(f"{counts[v]} x {v}" for v in sorted(counts, reverse=True))
+
+
+def _shape(c: dict[str, Any]) -> tuple:
+    return c["bs"], c["n"], c["heads"], tuple(_prefixes(c))
+
+
 def fragmentation_table(report: dict[str, Any]) -> str:
     t = _results(report)
     systems = [x for x in ("ours", "ours-sm120", "sglang-extend") if x in report["systems"]]
     head = ["prefix", "layout"] + [h for x in systems for h in (SYSTEM_LABELS[x] + " tree", SYSTEM_LABELS[x] + " penalty")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = {(c["bs"], c["n"], c["heads"], c["prefix"]): c["name"] for c in report["cases"]
-            if c["layout"] == "contiguous"}
+    base = {_shape(c): c["name"] for c in report["cases"] if c["layout"] == "contiguous"}
     for c in report["cases"]:
-        ref = base.get((c["bs"], c["n"], c["heads"], c["prefix"]))
-        cells = [str(c["prefix"]), c["layout"]]
+        ref = base.get(_shape(c))
+        cells = [prefix_text(c), c["layout"]]
         for system in systems:
             v = t.time(c["name"], system, "tree")
             v0 = t.time(ref, system, "tree") if ref else None
@@ -221,6 +242,10 @@ def markdown(report: dict[str, Any]) -> str:
                  "captured); bf16, random data, inputs rotated past the L2. Floor = max(bytes / copy bandwidth, "
                  "flops / matmul rate).")
     lines += ["", main_table(report), ""]
+    ragged = [c for c in report["cases"] if c.get("prefixes")]
+    if ragged and report["kind"] != "fragmentation":  # the fragmentation table prints the lengths itself
+        lines += ["Ragged cases (one prefix length per request; ours gets the longest as its host hint):", ""]
+        lines += [f"- {c['name']}: {prefix_text(c)}" for c in ragged] + [""]
     if report["kind"] == "compare":
         lines += ["Eager (Python launch path, back-to-back calls):", "", compare_table(report, eager=True), ""]
     if report["targets"]:

@@ -12,7 +12,10 @@ Floor of a case = max(bytes / bandwidth, flops / rate) with
 
 - bytes = every request's prefix KV read once (prefix x 1152) + q + k_ext + out,
 - flops = 2 x rows x keys x (576 + 512) per request (QK^T over 576 dims, PV over
-  512), rows = N x H, keys = prefix + N.
+  512), rows = N x H, keys = prefix + N,
+
+each summed over the requests with their own prefix lengths (``Case.prefix_lens``: a
+ragged batch's bytes and flops are the sums of its requests').
 
 The sm_120 floor (:data:`SM120_RTX_PRO_6000`) is a prediction, not a measurement:
 the same bytes and flops over an RTX PRO 6000 Blackwell's documented memory
@@ -60,8 +63,8 @@ SM120_RTX_PRO_6000 = Ceilings(copy_bytes_per_s=1.792e12, matmul_flops_per_s=503.
 
 
 def case_bytes(case: Case) -> int:
-    """Fewest bytes a verify call moves: KV once per request, q, k_ext, out."""
-    kv = case.bs * case.prefix * SLOT_BYTES
+    """Fewest bytes a verify call moves: every request's KV once, q, k_ext, out."""
+    kv = case.total_prefix * SLOT_BYTES
     q = case.rows * HEAD_DIM * BF16
     k_ext = case.tokens * HEAD_DIM * BF16
     out = case.rows * V_DIM * BF16
@@ -69,10 +72,10 @@ def case_bytes(case: Case) -> int:
 
 
 def case_flops(case: Case) -> int:
-    """2 x rows x keys x (576 + 512) summed over the batch."""
+    """2 x rows x keys x (576 + 512) summed over the batch (keys = that request's prefix + N)."""
     rows_per_req = case.n * case.heads
-    keys = case.prefix + case.n
-    return case.bs * 2 * rows_per_req * keys * (HEAD_DIM + V_DIM)
+    keys = case.total_prefix + case.bs * case.n
+    return 2 * rows_per_req * keys * (HEAD_DIM + V_DIM)
 
 
 def floor_us(case: Case, ceil: Ceilings) -> float:

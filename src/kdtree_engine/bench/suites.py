@@ -2,16 +2,21 @@
 
 A :class:`Case` is one verify call shape: ``bs`` requests of ``n`` drafts and
 ``heads`` query heads over a prefix of ``prefix`` cached tokens each, with the
-slots laid out as ``layout`` (see :mod:`kdtree_engine.oracle.workloads`).
+slots laid out as ``layout`` (see :mod:`kdtree_engine.oracle.workloads`). A
+*ragged* case (:meth:`Case.ragged`) gives each request its own prefix length
+(``prefixes``); its ``prefix`` is then the longest of them, the host hint
+``max_prefix_len`` that ours is called with.
 Every case is run with a tree mask (``eagle``) and/or a chain mask; SGLang's
 split-KV kernel and FlashMLA only run chains, SGLang's extend kernel runs the
 tree (its time does not depend on the mask).
 
 Suites (docs/design.md section 6, issues 4, 7 and 8):
 
-- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1), and
+- ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1),
   bs=1, N=16, H=8 at prefix 1k and 4k called as under CUDA-graph capture, without
-  the host hint (``-nohint``: the device picks the splits, issue 16).
+  the host hint (``-nohint``: the device picks the splits, issue 16), and the
+  ragged batches of tools/ragged_probe.py (:data:`RAGGED_CASES`: one long request
+  among short ones, where the split schedule matters most).
 - ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
 - ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
   contiguous, in runs of 16/64/256 and fully random, prefix 4k..91k: the
@@ -22,6 +27,9 @@ Suites (docs/design.md section 6, issues 4, 7 and 8):
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 #: every system the bench knows, in table order. ``ours-sm120`` is the owned kernel in
@@ -37,7 +45,14 @@ class Case:
     """One verify shape. ``n`` is drafts per request (the T column of docs/design.md section 6).
     ``hint`` False: the owned kernel is called without the ``max_prefix_len`` host hint, as
     the SGLang plugin calls it under CUDA-graph capture (the grid then takes the GPU-filling
-    split count and the device trims it per request); the peers run as always."""
+    split count and the device trims it per request); the peers run as always.
+
+    ``prefixes``: a ragged batch, one prefix length per request (``bs`` of them, not all
+    equal); ``prefix`` is then the longest (what ours gets as ``max_prefix_len``, and what
+    the targets' prefix selectors see). Build one with :meth:`ragged`. ``label`` names it
+    (``bs8-N16-H8-ragged-one64k-seven1k``); without one the name spells the lengths
+    (``bs8-N16-H8-ragged-1x65536-7x1024``). :attr:`prefix_lens` is every request's length
+    either way: what the batch builder, the floor and the peers use."""
 
     bs: int
     n: int
@@ -47,6 +62,14 @@ class Case:
     masks: tuple[str, ...] = MASKS
     tree: str = "eagle"
     hint: bool = True
+    prefixes: tuple[int, ...] | None = None
+    label: str | None = None
+
+    @classmethod
+    def ragged(cls, n: int, heads: int, prefixes: Sequence[int], label: str | None = None, **kw) -> Case:
+        """A ragged batch: one request per entry of ``prefixes``, ``prefix`` the longest."""
+        lens = tuple(int(x) for x in prefixes)
+        return cls(len(lens), n, heads, max(lens, default=0), prefixes=lens, label=label, **kw)
 
     def __post_init__(self) -> None:
         for name in ("bs", "n", "heads"):
@@ -57,19 +80,70 @@ class Case:
         bad = [m for m in self.masks if m not in MASKS]
         if bad or not self.masks:
             raise ValueError(f"Case.masks: expected a non-empty subset of {MASKS}, got {self.masks}")
+        if self.prefixes is None:
+            if self.label is not None:
+                raise ValueError(f"Case.label: expected only with Case.prefixes (a ragged case), got {self.label!r}")
+            return
+        lens = self.prefixes
+        if not isinstance(lens, tuple) or not all(isinstance(x, int) and not isinstance(x, bool) for x in lens):
+            raise ValueError(f"Case.prefixes: expected a tuple of ints (one prefix length per request), got {lens!r}")
+        if len(lens) != self.bs:
+            raise ValueError(f"Case.prefixes: expected {self.bs} prefix lengths (one per request, bs = {self.bs}), "
+                             f"got {len(lens)}")
+        if min(lens) < 0:
+            raise ValueError(f"Case.prefixes: expected lengths >= 0, got {lens}")
+        if len(set(lens)) < 2:
+            raise ValueError(f"Case.prefixes: expected lengths that differ (a batch of one length is "
+                             f"Case(bs, n, heads, prefix) without prefixes), got {lens}")
+        if self.prefix != max(lens):
+            raise ValueError(f"Case.prefix: expected the longest of Case.prefixes ({max(lens)}) for a ragged case, "
+                             f"got {self.prefix}")
+        if self.label is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.label):
+            raise ValueError(f"Case.label: expected letters, digits, '.', '_' or '-' (it is part of the case "
+                             f"name), got {self.label!r}")
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.prefixes is not None
+
+    @property
+    def prefix_lens(self) -> tuple[int, ...]:
+        """Every request's prefix length, in batch order."""
+        return self.prefixes if self.prefixes is not None else (self.prefix,) * self.bs
+
+    @property
+    def total_prefix(self) -> int:
+        return sum(self.prefix_lens)
+
+    @property
+    def shape(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """(bs, n, heads, per-request prefixes): what differs between requests, not the slot layout."""
+        return self.bs, self.n, self.heads, self.prefix_lens
+
+    @property
+    def ragged_label(self) -> str | None:
+        """The ragged part of the name: ``label``, else the lengths as COUNTxLEN, longest first."""
+        if self.prefixes is None:
+            return None
+        if self.label is not None:
+            return self.label
+        return "-".join(f"{k}x{v}" for v, k in sorted(Counter(self.prefixes).items(), reverse=True))
+
+    def _tagged(self, base: str, sep: str) -> str:
+        base = base if self.layout == "fragmented" else f"{base}{sep}{self.layout}"
+        return base if self.hint else f"{base}{sep}nohint"
 
     @property
     def name(self) -> str:
-        base = f"bs{self.bs}-N{self.n}-H{self.heads}-L{self.prefix}"
-        base = base if self.layout == "fragmented" else f"{base}-{self.layout}"
-        return base if self.hint else f"{base}-nohint"
+        size = f"ragged-{self.ragged_label}" if self.is_ragged else f"L{self.prefix}"
+        return self._tagged(f"bs{self.bs}-N{self.n}-H{self.heads}-{size}", "-")
 
     @property
     def series(self) -> str:
-        """The case without its prefix: points of one series differ only in prefix."""
+        """The case without its prefix: points of one series differ only in prefix. A ragged
+        case is a series of its own (its lengths are its shape, not a point on a prefix axis)."""
         base = f"bs{self.bs} N{self.n} H{self.heads}"
-        base = base if self.layout == "fragmented" else f"{base} {self.layout}"
-        return base if self.hint else f"{base} nohint"
+        return self._tagged(f"{base} ragged {self.ragged_label}" if self.is_ragged else base, " ")
 
     @property
     def tokens(self) -> int:
@@ -108,10 +182,22 @@ FRAG_PREFIXES = (4096, 23000, 65536, 91000)
 GRAPH_PREFIXES = (1024, 65536)
 #: issue 16: bs=1, N=16, H=8 at these prefixes without the host hint (micro suite)
 NOHINT_PREFIXES = (1024, 4096)
+#: ragged batches (micro suite), tools/ragged_probe.py's non-uniform CASES: (label, N, H,
+#: per-request prefixes). One long request among short ones is where the split schedule
+#: matters: ours splits each request by its own length, FlashMLA cuts the batch's work into
+#: equal parts per SM.
+RAGGED_CASES = (
+    ("one64k-seven1k", 16, 8, (65536,) + (1024,) * 7),
+    ("geometric32k", 16, 8, tuple(32768 >> i for i in range(8))),
+    ("one91k-three4k", 16, 8, (91000, 4096, 4096, 4096)),
+    ("one32k-rest2k", 8, 16, (32768,) + (2048,) * 31),
+    ("two64k-rest1k", 16, 8, (65536, 65536) + (1024,) * 14),
+)
 
 #: the shape of the floor-fraction target (issue 4): bs=1, H=8, N=16, prefix 65536
 FLOOR_SHAPE = (1, 16, 8, 65536)
-#: prefix from which the 50x-over-SGLang-extend target applies
+#: prefix from which the 50x-over-SGLang-extend target applies (uniform cases only: a ragged
+#: batch is not a long-context call, bench/targets.py)
 EXTEND_TARGET_MIN_PREFIX = 23000
 #: issue 15's seed shapes: bs=1, N=16, H=8 at prefixes 23k..91k (sm_120 within 2.0x of the Hopper kernel)
 SM120_SEED = (1, 16, 8)
@@ -121,9 +207,10 @@ SUITES: dict[str, Suite] = {
     "micro": Suite(
         "micro",
         "Phase 1: the docs/design.md section 6 shapes, tree and chain, every peer "
-        "(and bs1 N16 H8 1k, 4k without the host hint)",
+        "(and bs1 N16 H8 1k, 4k without the host hint; ragged batches of one long request among short ones)",
         tuple(Case(bs, n, h, L) for bs, n, h, L in MICRO_SHAPES)
-        + tuple(Case(1, 16, 8, L, hint=False) for L in NOHINT_PREFIXES),
+        + tuple(Case(1, 16, 8, L, hint=False) for L in NOHINT_PREFIXES)
+        + tuple(Case.ragged(n, h, lens, label) for label, n, h, lens in RAGGED_CASES),
         SYSTEMS,
         ("splitkv", "flashmla", "tree_vs_chain", "floor_fraction", "sm120_seed", "sm120_hopper", "sm120_splitkv"),
         budget_s=360.0,
