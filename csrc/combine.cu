@@ -29,7 +29,10 @@ cudaError_t launch_any(const Params& p, cudaStream_t stream) {
   if (p.num_splits <= 32) return launch_pdl(combine_onepass_kernel<8, 4, PL>, grid, 512, 0, stream, p);
   if (p.num_splits <= 8 * COMBINE_ONE_PASS64)
     return launch_pdl(combine_onepass_kernel<8, COMBINE_ONE_PASS64, PL>, grid, 512, 0, stream, p);
-  return launch_wide<8, PL>(grid, stream, p);
+  // (the batch schedule takes bs > 1, so more than 8 x COMBINE_ONE_PASS64 splits only on a GPU of
+  // more than 160 SMs, e.g. sm_120's 188: there the wide kernel of 1024 threads spilled, 512 do not)
+  if constexpr (PL) return launch_wide<4, true>(grid, stream, p);
+  else return launch_wide<8, false>(grid, stream, p);
 }
 }  // namespace
 

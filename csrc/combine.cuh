@@ -30,26 +30,18 @@ constexpr int COMBINE_UNROLL = 8;
 // within the 64 registers of its 1024-thread CTA.
 constexpr int COMBINE_ONE_PASS = 9;
 
-// Which token/head a global row is and how many splits its request took (the main
-// kernels' split_plan), or false when there is nothing to merge: no request owns the row,
-// its request is malformed (the main kernel flags those) or took one split (the main
-// kernel wrote the row itself). It reads only inputs, none of the main kernel's results,
-// so the combines call it before griddepcontrol.wait: it overlaps the main kernel's tail.
-// The owning request is found by binary search over qo_indptr (a linear scan is up to bs
-// dependent loads per thread).
-// Split s of the row is partial row slot0 + s * stride (Work::slot0): under the batch schedule
-// the request's packed block, which batch_plan derives again here (the row's whole warp calls
-// this: every row of the combines is one warp's or more).
-// The batch schedule is the sm90 kernel's (kdtree_verify.cu): its combine instances hold code
-// only in sm_90 device code.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 900
-#define KDTREE_PLANNED_HERE 0
-#else
-#define KDTREE_PLANNED_HERE 1
-#endif
-
+// Which token/head a global row is, its request b and how many splits that request took (the
+// main kernels' split_plan), or false when there is nothing to merge: no request owns the row,
+// its request is malformed (the main kernel flags those) or took one split (the main kernel
+// wrote the row itself). It reads only inputs, none of the main kernel's results, so the
+// combines call it before griddepcontrol.wait: it overlaps the main kernel's tail. The owning
+// request is found by binary search over qo_indptr (a linear scan is up to bs dependent loads
+// per thread). Split s of the row is partial row slot0 + s * stride (Work::slot0).
+// PLANNED (the batch schedule): the request's splits and its packed block are the main kernel's
+// (Params::plan_meta), so here slot0 is the row's index in its request and `splits` is unknown
+// until planned_row, after the wait.
 template <bool PLANNED>
-__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head, int& splits,
+__device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& tok, int& head, int& b, int& splits,
                                             int64_t& slot0, int64_t& stride) {
   tok = static_cast<int>(grow / p.H);
   head = static_cast<int>(grow % p.H);
@@ -57,26 +49,35 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
   if (tok >= qo(p.bs)) return false;  // a token no request owns
   // the first b with qo(b + 1) > tok (exists: qo(bs) > tok). Reads stay in [0, bs] even if
   // qo_indptr is not monotonic; the main kernel flags such a batch.
-  int b = 0, hi = p.bs - 1;
+  int hi = p.bs - 1;
+  b = 0;
   while (b < hi) {
     const int mid = (b + hi) >> 1;
     if (qo(mid + 1) > tok) hi = mid; else b = mid + 1;
   }
-  const int64_t N = qo(b + 1) - qo(b);
-  if (N < 0 || N > p.max_n) return false;
-  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b);
-  const int64_t kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
-  if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) return false;
+  const Request r = load_request(p, b);
+  if (r.bad || tok < r.qo_lo) return false;  // (tok < qo_lo + N: the search)
   if (PLANNED) {
-    const BatchJob job = batch_plan(p, 0, b);
-    splits = job.splits;
-    slot0 = job.slot + (grow - qo(b) * p.H);
-    stride = job.rows;
-  } else {
-    splits = split_plan(static_cast<int>(kv_hi - kv_lo + N), p.num_splits, p.split_keys).splits;
-    slot0 = grow;
-    stride = static_cast<int64_t>(p.T) * p.H;
+    splits = 0;
+    slot0 = grow - static_cast<int64_t>(r.qo_lo) * p.H;
+    stride = static_cast<int64_t>(r.N) * p.H;
+    return true;
   }
+  splits = split_plan(r.L + r.N, p.num_splits, p.split_keys).splits;
+  slot0 = grow;
+  stride = static_cast<int64_t>(p.T) * p.H;
+  return splits > 1;
+}
+
+// After griddepcontrol.wait, under the batch schedule: the row's splits and the first partial
+// row of its request, as the request's first main-kernel CTA wrote them. False for a request of
+// one split (the main kernel wrote its rows).
+template <bool PLANNED>
+__device__ __forceinline__ bool planned_row(const Params& p, int b, int& splits, int64_t& slot0) {
+  if (!PLANNED) return true;
+  const int2 m = p.plan_meta[b];
+  splits = m.y;
+  slot0 += m.x;
   return splits > 1;
 }
 
@@ -136,11 +137,13 @@ __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, in
   }
 }
 
-// Row (slot0, stride)'s splits s0, s0 + step, ... below S merged into (o, mx, sum), MAXC a
-// round trip (merge_splits8): one where the row has at most MAXC splits in its walk; under the
-// batch schedule a long request of a ragged batch may take more than the grid's num_splits,
-// which picks the instance, and then takes several.
-// (LOOP false: the 3-D grid's rows, whose S never exceeds the instance's MAXC: one round trip.)
+// Row (slot0, stride)'s splits s0, s0 + step, ... below S merged into (o, mx, sum): the first
+// MAXC in one round trip (merge_splits8), which is all of a 3-D-grid row (its S never exceeds
+// the instance's MAXC, LOOP false). Under the batch schedule (LOOP) a long request of a ragged
+// batch may take more than the grid's num_splits, which picks the instance: its further splits
+// follow MAXC / 2 a round trip, within the register cap of the 3-D grid's instances (a walk of
+// MAXC a round trip took 58-110 registers against 32-64, halving the resident combine CTAs of the
+// uniform batches: docs/kernel-notes.md X1).
 template <int MAXC, bool LOOP>
 __device__ __forceinline__ void merge_row8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int step,
                                            int S, float (&o)[8], float& mx, float& sum) {
@@ -148,19 +151,24 @@ __device__ __forceinline__ void merge_row8(const Params& p, int64_t slot0, int64
   for (int k = 0; k < 8; ++k) o[k] = 0.f;
   mx = -CUDART_INF_F;
   sum = 0.f;
-  if (!LOOP) {
-    merge_splits8<MAXC>(p, slot0, stride, c, s0, step, S, o, mx, sum);
-    return;
-  }
-  for (int s = s0; s < S; s += MAXC * step) merge_splits8<MAXC>(p, slot0, stride, c, s, step, S, o, mx, sum);
+  merge_splits8<MAXC>(p, slot0, stride, c, s0, step, S, o, mx, sum);
+  if (!LOOP) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+  constexpr int C2 = MAXC > 1 ? MAXC / 2 : 1;  // sm_120's ptxas spilled a walk of MAXC (168 B at 16)
+#else
+  constexpr int C2 = MAXC;
+#endif
+#pragma unroll 1
+  for (int s = s0 + MAXC * step; s < S; s += C2 * step) merge_splits8<C2>(p, slot0, stride, c, s, step, S, o, mx, sum);
 }
 
 // Row grow's columns c .. c + 7 of O (o / sum as bf16, one 16-byte store: aligned by the ABI)
 // and, from the thread of column 0, its LSE (mx + ln sum; -inf for a row with no visible key).
 // The narrow and one-pass kernels' store (in the one-pass kernel only group 0 gets here);
 // combine_store is the wide kernel's.
-__device__ __forceinline__ void store_row8(const Params& p, int tok, int head, int c, const float (&o)[8], float sum,
-                                           float mx, int64_t grow) {
+__device__ __forceinline__ void store_row8(const Params& p, int c, const float (&o)[8], float sum, float mx,
+                                           int64_t grow) {
+  const int tok = static_cast<int>(grow / p.H), head = static_cast<int>(grow % p.H);  // (not kept live: registers)
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   uint32_t packed[4];
 #pragma unroll
@@ -194,25 +202,34 @@ constexpr int COMBINE_NARROW_MAX = 16;  // instances for 2, 4, 8 and 16 splits (
 // resident CTAs per SM each instance is built for (its register cap: 64K / (512 x this))
 template <int MAXS>
 constexpr int COMBINE_NARROW_MIN_BLOCKS = MAXS <= 2 ? 4 : MAXS <= 4 ? 3 : MAXS <= 8 ? 2 : 1;
+// the batch schedule's instances (their rows may walk more than MAXS splits: merge_row8's loop
+// keeps its running sums live across a chunk's loads): one CTA fewer where that does not fit
+// (sm_120's ptxas needs more: it spilled 8-168 B at these caps, so there they take one CTA)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+template <int MAXS>
+constexpr int COMBINE_PLANNED_MIN_BLOCKS = 1;
+#else
+template <int MAXS>
+constexpr int COMBINE_PLANNED_MIN_BLOCKS = MAXS <= 2 ? 3 : MAXS <= 4 ? 2 : COMBINE_NARROW_MIN_BLOCKS<MAXS>;
+#endif
 
-// PLANNED: the batch schedule's rows (combine_row), which may hold more than MAXS splits and walk
-// them MAXS a round trip; their loop takes registers the 3-D grid's instances are capped below,
-// so these instances leave the count to ptxas.
+// PLANNED: the batch schedule's rows (combine_row), which may hold more than MAXS splits
+// (merge_row8 walks them), under the same register cap.
 template <int MAXS, bool PLANNED>
-__global__ void __launch_bounds__(COMBINE_NARROW_THREADS, PLANNED ? 1 : COMBINE_NARROW_MIN_BLOCKS<MAXS>)
+__global__ void __launch_bounds__(COMBINE_NARROW_THREADS,
+                                  PLANNED ? COMBINE_PLANNED_MIN_BLOCKS<MAXS> : COMBINE_NARROW_MIN_BLOCKS<MAXS>)
     combine_narrow_kernel(const Params p) {
-  if (PLANNED && !KDTREE_PLANNED_HERE) return;
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_NARROW_ROWS + threadIdx.x / 64;
-  int tok, head, S;  // S: the splits of this row's request
+  int tok, head, b, S;  // S: the splits of this row's request b
   int64_t slot0, stride;
-  const bool owned = grow < TH && combine_row<PLANNED>(p, grow, tok, head, S, slot0, stride);  // inputs only: before the wait
+  const bool owned = grow < TH && combine_row<PLANNED>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
-  if (!owned) return;
+  if (!owned || !planned_row<PLANNED>(p, b, S, slot0)) return;
   const int c = (threadIdx.x % 64) * 8;
   float o[8], mx, sum;
   merge_row8<MAXS, PLANNED>(p, slot0, stride, c, 0, 1, S, o, mx, sum);  // MAXS splits a round trip
-  store_row8(p, tok, head, c, o, sum, mx, grow);
+  store_row8(p, c, o, sum, mx, grow);
 }
 
 // 17 to 8 x COMBINE_ONE_PASS64 splits (bs1 on 132 SMs: 33 or 66): one row per CTA of G groups
@@ -223,15 +240,14 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, PLANNED ? 1 : COMBINE_
 constexpr int COMBINE_ONE_PASS64 = 10;
 template <int G, int PASS, bool PLANNED>
 __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p) {
-  if (PLANNED && !KDTREE_PLANNED_HERE) return;
   __shared__ float4 part[G - 1][64][2];
   __shared__ float gms[2 * G];
   const int64_t grow = blockIdx.x;
-  int tok, head, S;
+  int tok, head, b, S;
   int64_t slot0, stride;
-  const bool owned = combine_row<PLANNED>(p, grow, tok, head, S, slot0, stride);  // inputs only: before the wait
+  const bool owned = combine_row<PLANNED>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
-  if (!owned) return;  // uniform over the CTA
+  if (!owned || !planned_row<PLANNED>(p, b, S, slot0)) return;  // uniform over the CTA
   const int tid = threadIdx.x, grp = tid / 64, t = tid % 64, c = t * 8;
   float o[8], gm, gsum;  // the group's splits grp, grp + G, ... merged against their maximum gm
   merge_row8<PASS, PLANNED>(p, slot0, stride, c, grp, G, S, o, gm, gsum);
@@ -260,7 +276,7 @@ __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p)
       acc[4] += wq * b.x; acc[5] += wq * b.y; acc[6] += wq * b.z; acc[7] += wq * b.w;
     }
   }
-  store_row8(p, tok, head, c, acc, sum, mx, grow);
+  store_row8(p, c, acc, sum, mx, grow);
 }
 
 template <int G>
@@ -268,18 +284,17 @@ constexpr int COMBINE_WIDE_THREADS = 128 * G;  // G groups of 128 threads
 
 template <int G, bool PLANNED>
 __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(const Params p) {
-  if (PLANNED && !KDTREE_PLANNED_HERE) return;
   constexpr int NT = COMBINE_WIDE_THREADS<G>;
   __shared__ float w_s[MAX_SPLITS];  // a row's LSEs, then its weights
   __shared__ float red[NT / 32];
   __shared__ float4 part[G - 1][128];
   static_assert(2 * G <= MAX_SPLITS, "the one-pass path keeps each group's maximum and sum in w_s");
   const int64_t grow = blockIdx.x;  // global row = token * H + head
-  int tok, head, S;  // S: the splits of this row's request
+  int tok, head, b, S;  // S: the splits of this row's request b
   int64_t slot0, stride;
-  const bool owned = combine_row<PLANNED>(p, grow, tok, head, S, slot0, stride);  // inputs only: before the wait
+  const bool owned = combine_row<PLANNED>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
-  if (!owned) return;  // uniform over the CTA
+  if (!owned || !planned_row<PLANNED>(p, b, S, slot0)) return;  // uniform over the CTA
   if (!PLANNED) {  // (the 3-D grid's layout, spelled here: ptxas spilled it as combine_row's outputs on sm_120)
     slot0 = grow;
     stride = static_cast<int64_t>(p.T) * p.H;

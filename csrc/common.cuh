@@ -47,13 +47,17 @@ constexpr float LN2 = 0.6931471805599453f;
 // passes it by more than 2^RESCALE_LOG2 (log2 units); below that, P is taken against the
 // stale maximum (values up to 2^8, exact after the final division by l).
 constexpr float RESCALE_LOG2 = 8.f;
-constexpr int WS_HEADER = 256;            // bytes of workspace before the partials
+constexpr int WS_HEADER = 256;            // bytes of workspace header (error word, counters)
 // Split-KV partial outputs are bf16 (FlashInfer's choice: its decode keeps them in the output
 // type, only the LSEs in fp32; FlashMLA keeps fp32). It halves the bytes the main kernel
 // writes and the combine reads (17 MB -> 8.6 MB at bs1 N16 H8 64k), at one more bf16
 // rounding per split, merged in fp32 (docs/kernel-notes.md, entries Q7 and S1).
 using part_t = __nv_bfloat16;
 constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
+// After the header, where a call has splits: the batch schedule's per-request (first partial row,
+// splits), PLAN_MAX_BS of them (Params::plan_meta), then the partials.
+constexpr int WS_PLAN_BYTES = 1024;
+constexpr int WS_PARTS = WS_HEADER + WS_PLAN_BYTES;  // bytes of workspace before the partials
 
 struct Params {
   const __nv_bfloat16* q;
@@ -85,6 +89,10 @@ struct Params {
   // the device to a (request, row tile, split); 0 for the (row tiles, num_splits, bs) grid of
   // split_plan.
   int planned, split_budget;
+  // The batch schedule's (first partial row, splits) of each request, written by the request's
+  // first CTA and read by the combine after griddepcontrol.wait, so that the combine does not
+  // derive the plan again (docs/kernel-notes.md X1). In the workspace, after the header.
+  int2* plan_meta;
   float scale_log2;
 };
 
@@ -279,11 +287,35 @@ __host__ __device__ __forceinline__ SplitPlan split_plan(int KV, int num_splits,
   return {(steps + per - 1) / per, per};
 }
 
+// Request b's lengths from its indptrs, checked: a device value is never trusted. `bad` is 0
+// or the error bit of the first check that fails (KDTREE_ERR_QO_INDPTR, then _KV_INDPTR); the
+// other fields hold only when it is 0 (in range then: the narrowing is exact). The main
+// kernels' setup_work, the batch schedule's plan_terms and the combine's combine_row read a
+// request through this one helper, so that all three agree on which requests are well formed.
+struct Request {
+  int bad;
+  int qo_lo, N, kv_lo, L;  // first token, drafts, first kv_indices entry, prefix length
+};
+__device__ __forceinline__ Request load_request(const Params& p, int b) {
+  const int64_t qo_lo = load_index(p.qo_indptr, p.qo_indptr_64, b), qo_hi = load_index(p.qo_indptr, p.qo_indptr_64, b + 1);
+  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, b), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
+  Request r{0, 0, 0, 0, 0};
+  if (qo_lo < 0 || qo_hi < qo_lo || qo_hi > p.T || qo_hi - qo_lo > p.max_n) r.bad = KDTREE_ERR_QO_INDPTR;
+  else if (kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) r.bad = KDTREE_ERR_KV_INDPTR;
+  if (r.bad) return r;
+  r.qo_lo = static_cast<int>(qo_lo);
+  r.N = static_cast<int>(qo_hi - qo_lo);
+  r.kv_lo = static_cast<int>(kv_lo);
+  r.L = static_cast<int>(kv_hi - kv_lo);
+  return r;
+}
+
 // The batch schedule (issue 16, ragged batches): one wave of split_budget CTAs shared by the
 // whole batch in proportion to its work, computed on the device from the step's lengths, so
 // that a captured graph adapts to the prefixes it replays (FlashMLA's get_mla_metadata does
-// this in a kernel of its own; here every warp that needs it derives it in a few hundred
-// cycles, docs/flashmla-schedule.md). Request b has rt_b row tiles and steps_b steps of
+// this in a kernel of its own, docs/flashmla-schedule.md; here warp 0 of each main-kernel CTA
+// derives it in a few hundred cycles, and the request's first CTA hands its (slot, splits) to
+// the combine through Params::plan_meta). Request b has rt_b row tiles and steps_b steps of
 // split_keys keys; all take the same `per` steps per split, the smallest (at least
 // SPLIT_MIN_KEYS keys) for which the CTAs sum_b rt_b * ceil(steps_b / per) fit the budget.
 // So a long request of a batch of short ones takes most of the GPU instead of its 1/bs share
@@ -291,35 +323,37 @@ __host__ __device__ __forceinline__ SplitPlan split_plan(int KV, int num_splits,
 // uniform batch gets split_plan's counts. The CTAs are numbered request by request, row tile
 // fastest (the row tiles of a split read the same keys together), and a request of several
 // splits owns the partial rows slot_b .. slot_b + splits_b * rows_b (split s, row r at
-// slot_b + s * rows_b + r), packed in request order: at most split_budget * plan_bm rows,
+// slot_b + s * rows_b + r), packed in request order: at most split_budget * PLAN_BM rows,
 // which the host keeps within the workspace's T * H * num_splits.
 constexpr int PLAN_PER_LANE = 4;
 constexpr int PLAN_MAX_BS = 32 * PLAN_PER_LANE;  // the host takes the 3-D grid beyond this
-constexpr int PLAN_BM = 64;  // rows per CTA of the sm90 kernel, the one that takes it (static_assert there)
+static_assert(PLAN_MAX_BS * 8 <= WS_PLAN_BYTES, "the workspace holds a (slot, splits) pair per request");
+constexpr int PLAN_BM = 64;  // rows per CTA of both kernels (static_assert there)
 struct BatchJob {
-  int b = -1;          // the request (-1: this CTA has no work)
+  int b = -1;     // the request (-1: this CTA has no work)
   int local;      // the CTA's index among the request's (row tile fastest)
-  int rt, splits, rows, per;
+  int splits, per;
+  int rows;       // the request's rows, N * H (-1: malformed; its one CTA's setup_work reports it)
   int slot;       // first partial row of the request
 };
-// Request i's rows and steps from its indptrs. A malformed request takes one CTA of one split
-// (rows = -1), whose setup_work reports it; an empty one (N = 0) takes none.
+__device__ __forceinline__ int plan_tiles(int rows) { return rows < 0 ? 1 : (rows + PLAN_BM - 1) / PLAN_BM; }
+// Request i's rows and steps. A malformed request takes one CTA of one split (rows = -1),
+// whose setup_work reports it; an empty one (N = 0) takes none.
 __device__ __forceinline__ void plan_terms(const Params& p, int i, int& rows, int& steps) {
   rows = 0;
   steps = 1;
   if (i >= p.bs) return;
-  const int64_t qo_lo = load_index(p.qo_indptr, p.qo_indptr_64, i), qo_hi = load_index(p.qo_indptr, p.qo_indptr_64, i + 1);
-  const int64_t kv_lo = load_index(p.kv_indptr, p.kv_indptr_64, i), kv_hi = load_index(p.kv_indptr, p.kv_indptr_64, i + 1);
-  if (qo_lo < 0 || qo_hi < qo_lo || qo_hi > p.T || qo_hi - qo_lo > p.max_n || kv_lo < 0 || kv_hi < kv_lo ||
-      kv_hi > p.kv_indices_len || kv_hi > INT32_MAX) {
+  const Request r = load_request(p, i);
+  // the request's mask offset, which its CTAs' setup_work reads next: into this SM's L1 with the
+  // indptrs this warp just read, so that the job's own reads after the plan hit L1
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p.mask_indptr + i));
+  if (r.bad) {
     rows = -1;
     return;
   }
-  const int N = static_cast<int>(qo_hi - qo_lo);
-  rows = N * p.H;
-  steps = static_cast<int>(max(int64_t{1}, (kv_hi - kv_lo + N + p.split_keys - 1) / p.split_keys));
+  rows = r.N * p.H;
+  steps = static_cast<int>(max(int64_t{1}, (int64_t{r.L} + r.N + p.split_keys - 1) / p.split_keys));
 }
-__device__ __forceinline__ int plan_tiles(int rows) { return rows < 0 ? 1 : (rows + PLAN_BM - 1) / PLAN_BM; }
 // The job of CTA `cta` (find_b < 0) or the schedule of request find_b (the combine), by one
 // whole warp (every lane calls it with the same arguments; the result is the same in each).
 __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int find_b) {
@@ -357,7 +391,8 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
       const int mid = (lo + hi) >> 1;
       int n = 0;  // CTAs at `mid` steps a split (each term capped: the sum stays exact below the budget)
 #pragma unroll
-      for (int k = 0; k < PLAN_PER_LANE; ++k) n += min(plan_tiles(rw[k]) * ((st[k] + mid - 1) / mid), budget + 1);
+      for (int k = 0; k < PLAN_PER_LANE; ++k)  // (k < chunks: a division per request, none for the lanes' empty terms)
+        if (k < chunks) n += min(plan_tiles(rw[k]) * ((st[k] + mid - 1) / mid), budget + 1);
 #pragma unroll
       for (int d = 16; d > 0; d >>= 1) n += __shfl_xor_sync(0xffffffffu, n, d);
       if (n <= budget) hi = mid;
@@ -365,7 +400,7 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
     }
     per = lo;
   }
-  BatchJob job{-1, 0, 0, 1, 0, per, 0};
+  BatchJob job{-1, 0, 1, per, 0, 0};
   int cta_carry = 0, slot_carry = 0;
 #pragma unroll
   for (int k = 0; k < PLAN_PER_LANE; ++k) {
@@ -385,14 +420,35 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
         const int src = __ffs(hit) - 1;
         job.b = 32 * k + src;
         job.local = cta - __shfl_sync(0xffffffffu, c0, src);
-        job.rt = __shfl_sync(0xffffffffu, rt, src);
         job.splits = __shfl_sync(0xffffffffu, sp, src);
-        job.rows = __shfl_sync(0xffffffffu, rows, src);
+        job.rows = __shfl_sync(0xffffffffu, rw[k], src);
         job.slot = __shfl_sync(0xffffffffu, s0, src);
       }
       cta_carry += __shfl_sync(0xffffffffu, ci, 31);
       slot_carry += __shfl_sync(0xffffffffu, si, 31);
     }
+  }
+  return job;
+}
+
+// A main kernel's CTA under the batch schedule: warp 0 derives the CTA's job (batch_plan) into
+// shared memory at job_s, the CTA meets at a barrier, and every thread reads it (the other warps
+// wait there: with every warp running the plan ptxas spilled and serialized the sm90 kernel's
+// wgmma). The request's first CTA hands the combine its partials' place, (slot, splits), through
+// Params::plan_meta (every request with rows has one; the combine reads it after its
+// griddepcontrol.wait). job.b < 0: the CTA has no work (uniform over the CTA).
+__device__ __forceinline__ BatchJob planned_job(const Params& p, BatchJob* job_s, int tid, int& rt, int& split) {
+  if (tid < 32) {
+    const BatchJob j = batch_plan(p, blockIdx.x, -1);
+    if (tid == 0) *job_s = j;
+  }
+  __syncthreads();
+  const BatchJob job = *job_s;
+  if (job.b >= 0) {
+    const int tiles = plan_tiles(job.rows);
+    rt = job.local % tiles;
+    split = job.local / tiles;
+    if (tid == 0 && job.local == 0) p.plan_meta[job.b] = make_int2(job.slot, job.splits);
   }
   return job;
 }
@@ -424,27 +480,18 @@ template <bool PLANNED>
 __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int split, int bn, int tid, Work& w,
                                            const BatchJob& job) {
   const bool reporter = tid == 0 && r0 == 0 && split == 0;
-  const int64_t qo_lo64 = load_index(p.qo_indptr, p.qo_indptr_64, b);
-  const int64_t qo_hi64 = load_index(p.qo_indptr, p.qo_indptr_64, b + 1);
-  const int64_t kv_lo64 = load_index(p.kv_indptr, p.kv_indptr_64, b);
-  const int64_t kv_hi64 = load_index(p.kv_indptr, p.kv_indptr_64, b + 1);
-  if (qo_lo64 < 0 || qo_hi64 < qo_lo64 || qo_hi64 > p.T || qo_hi64 - qo_lo64 > p.max_n) {
-    if (reporter) report_error(p.err, KDTREE_ERR_QO_INDPTR);
+  const Request rq = load_request(p, b);
+  if (rq.bad) {
+    if (reporter) report_error(p.err, rq.bad);
     return false;
   }
-  if (kv_lo64 < 0 || kv_hi64 < kv_lo64 || kv_hi64 > p.kv_indices_len || kv_hi64 > INT32_MAX) {
-    if (reporter) report_error(p.err, KDTREE_ERR_KV_INDPTR);
-    return false;
-  }
-  // in range now: the narrowing is exact
-  w.qo_start = static_cast<int>(qo_lo64);
-  w.N = static_cast<int>(qo_hi64 - qo_lo64);
-  w.kv_lo = static_cast<int>(kv_lo64);
-  const int kv_hi = static_cast<int>(kv_hi64);
+  w.qo_start = rq.qo_lo;
+  w.N = rq.N;
+  w.kv_lo = rq.kv_lo;
   w.rows = w.N * p.H;
   w.r0 = r0;
   if (r0 >= w.rows) return false;  // no such row tile for this request (combine skips it too)
-  w.L = kv_hi - w.kv_lo;
+  w.L = rq.L;
   w.KV = w.L + w.N;
   const SplitPlan sp = PLANNED ? SplitPlan{job.splits, job.per} : split_plan(w.KV, p.num_splits, p.split_keys);
   if (split >= sp.splits) return false;  // a split this request does not need (split 0 always is)

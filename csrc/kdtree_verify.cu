@@ -109,7 +109,7 @@ int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
   if (num_splits == 1) return kdtree::WS_HEADER;
   const int64_t o = total_rows * num_splits * kdtree::DV * static_cast<int64_t>(sizeof(kdtree::part_t));
   const int64_t l = total_rows * num_splits * 4;
-  return kdtree::WS_HEADER + o + ((l + 255) / 256) * 256;
+  return kdtree::WS_PARTS + o + ((l + 255) / 256) * 256;
 }
 
 int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
@@ -186,7 +186,8 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   unsigned char* ws = static_cast<unsigned char*>(a->workspace);
   p.err = reinterpret_cast<int*>(ws);
   const int64_t rows = static_cast<int64_t>(a->total_tokens) * a->num_heads;
-  p.o_part = reinterpret_cast<kdtree::part_t*>(ws + kdtree::WS_HEADER);
+  p.plan_meta = reinterpret_cast<int2*>(ws + kdtree::WS_HEADER);
+  p.o_part = reinterpret_cast<kdtree::part_t*>(ws + kdtree::WS_PARTS);
   p.lse_part = reinterpret_cast<float*>(p.o_part + rows * a->num_splits * kdtree::DV);  // after the partials (16-byte aligned)
   p.bs = a->bs;
   p.H = a->num_heads;
@@ -197,10 +198,10 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   // the kernel takes, a 32-key tile or the sm90 kernel's pair of 64-key blocks
   p.split_keys = cfg.kernel == KDTREE_KERNEL_SM90 ? 2 * kdtree::tiles::SM90_BN : kdtree::tiles::MMA_BN;
   p.scale_log2 = a->sm_scale * kdtree::LOG2E;
-  // The batch schedule (common.cuh batch_plan): one wave of CTAs shared by the batch's requests
-  // by their work, where the batch leaves CTAs for splits and fits the plan's registers, and has
-  // more than one request (one gets the same counts from split_plan, without the plan's ~4 us:
-  // docs/kernel-notes.md W1). The
+  // The batch schedule (common.cuh batch_plan), in both kernels: one wave of CTAs shared by the
+  // batch's requests by their work, where the batch leaves CTAs for splits and fits the plan's
+  // registers, and has more than one request (one gets the same counts from split_plan, without
+  // the plan's ~4 us: docs/kernel-notes.md W1). The
   // budget is one CTA per SM (op.py choose_num_splits' wave) and at most what the workspace's
   // T * H * num_splits partial rows hold at block_rows rows a CTA. KDTREE_SCHED=grid takes the
   // (row tiles, num_splits, bs) grid of split_plan instead (read on every call, for A/B runs).
@@ -214,7 +215,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
     const int64_t budget = std::min<int64_t>(std::min<int64_t>(d.sm_count, slot_ctas), kdtree::MAX_SPLITS);
     const char* sched = getenv("KDTREE_SCHED");
     const bool grid_forced = sched && strcmp(sched, "grid") == 0;
-    p.planned = !grid_forced && cfg.kernel == KDTREE_KERNEL_SM90 && a->bs > 1 && a->num_splits > 1 && a->bs <= kdtree::PLAN_MAX_BS && budget > tiles;
+    p.planned = !grid_forced && a->bs > 1 && a->num_splits > 1 && a->bs <= kdtree::PLAN_MAX_BS && budget > tiles;
     p.split_budget = p.planned ? static_cast<int>(budget) : 0;
   }
 

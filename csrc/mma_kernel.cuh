@@ -51,6 +51,8 @@ constexpr int SLAB_WARP = 16 * BN;  // floats of one warp's partial S
 constexpr int BAR_OFF = SLAB_OFF + WARPS * SLAB_WARP * 4;  // full[2], empty[2]
 // Q's rope dimensions (chunks 64..71 of each row; chunk c of row r at (c ^ (r & 7))): loaded
 // from here at every tile, so that the math warps hold only the nope dims (64 registers)
+constexpr int JOB_OFF = BAR_OFF + 32;  // the batch schedule's job (warp 0 derives it for all), in the barriers' slack
+static_assert(JOB_OFF + sizeof(BatchJob) <= BAR_OFF + 128, "the job fits beside the four mbarriers");
 constexpr int QR_OFF = BAR_OFF + 128;
 constexpr int QR_ROW = 8 * 16;
 // Each math thread's two running row sums (fp32): in shared memory, read and written once per
@@ -76,6 +78,7 @@ static_assert(BM * RB <= SLAB_OFF, "Q is staged in the two key stages");
 static_assert(PWARPS == 4, "the producers are one warpgroup (setmaxnreg acts on whole warpgroups)");
 static_assert(PTHREADS == 4 * BN, "4 producer threads per key row");
 static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_keys) is one of these tiles");
+static_assert(BM == PLAN_BM, "the batch schedule (batch_plan) counts row tiles of PLAN_BM rows");
 
 // Row group rg's two warps are 2 rg and 2 rg + 1: they sit on two SMSPs, and each SMSP holds
 // warps of two row groups, which drift apart once no __syncthreads holds them in step (entry N1:
@@ -107,6 +110,10 @@ __device__ __forceinline__ void slab_free_arrive(int w) {
 }
 }  // namespace qreg
 
+// PLANNED: a 1-D grid of the batch schedule (common.cuh batch_plan), else (row tiles, splits, bs).
+// The job stays in shared memory, read again by the epilogue: in registers across the main loop
+// it spilled (the 3-D grid's row tile and split are blockIdx, which costs none).
+template <bool PLANNED>
 __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(const Params p) {
   using namespace qreg;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -116,11 +123,17 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   auto empty = [&](int stage) { return bars + 16u + 8u * stage; };
 
   pdl_main_prologue();
-  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  BatchJob job;
+  if (PLANNED) {  // warp 0 derives the CTA's job (common.cuh planned_job) for all
+    job = planned_job(p, reinterpret_cast<BatchJob*>(smem + JOB_OFF), tid, rt, split);
+    if (job.b < 0) return;  // uniform over the CTA
+    b = job.b;
+  }
 
   Work w;
-  if (!setup_work<false>(p, b, rt * BM, split, BN, tid, w, BatchJob{})) return;  // the 3-D grid (launch_mma)
+  if (!setup_work<PLANNED>(p, b, rt * BM, split, BN, tid, w, job)) return;  // uniform over the CTA
   const int qo_start = w.qo_start, kv_lo = w.kv_lo, N = w.N, rows = w.rows, r0 = w.r0, L = w.L;
   const int t_begin = w.t_begin, t_end = w.t_end, H = p.H;
 
@@ -376,8 +389,15 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  store_rows(p, acc, m_run, l_run, rt * BM + rg * 16 + g, N * H, qo_start,
-             (static_cast<int64_t>(split) * p.T + qo_start) * H, w.splits > 1, kh, tq);
+  int r_tile = blockIdx.x;
+  int64_t part_slot = (static_cast<int64_t>(blockIdx.y) * p.T + qo_start) * H;
+  if (PLANNED) {  // the job again, from shared memory
+    const BatchJob& js = *reinterpret_cast<const BatchJob*>(smem + JOB_OFF);
+    const int tiles = plan_tiles(js.rows);
+    r_tile = js.local % tiles;
+    part_slot = js.slot + static_cast<int64_t>(js.local / tiles) * js.rows;
+  }
+  store_rows(p, acc, m_run, l_run, r_tile * BM + rg * 16 + g, N * H, qo_start, part_slot, w.splits > 1, kh, tq);
 }
 
 }  // namespace kdtree

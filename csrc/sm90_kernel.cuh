@@ -135,18 +135,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   BatchJob job;
-  if (PLANNED) {  // warp 0 derives the CTA's job (common.cuh batch_plan) for all
-    BatchJob* job_s = reinterpret_cast<BatchJob*>(smem + JOB_OFF);
-    if (tid < 32) {
-      const BatchJob j = batch_plan(p, blockIdx.x, -1);
-      if (tid == 0) *job_s = j;
-    }
-    __syncthreads();
-    job = *job_s;
+  if (PLANNED) {  // warp 0 derives the CTA's job (common.cuh planned_job) for all
+    job = planned_job(p, reinterpret_cast<BatchJob*>(smem + JOB_OFF), tid, rt, split);
     if (job.b < 0) return;  // uniform over the CTA
     b = job.b;
-    rt = job.local % job.rt;
-    split = job.local / job.rt;
   }
 
   Work w;

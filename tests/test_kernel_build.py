@@ -299,3 +299,33 @@ def test_kernel_names_keep_every_template_argument():
     assert _short("_ZN6kdtree22combine_onepass_kernelILi8ELi10EEEvNS_6ParamsE") == "combine_onepass_kernel<8, 10>"
     assert _short("_ZN6kdtree21combine_narrow_kernelILi16EEEvNS_6ParamsE") == "combine_narrow_kernel<16>"
     assert _short("_ZN6kdtree27verify_attn_kernel_mma_qregENS_6ParamsE") == "verify_attn_kernel_mma_qreg"
+    # bool arguments (the batch schedule's instances: PLANNED)
+    assert _short("_ZN6kdtree27verify_attn_kernel_mma_qregILb1EEEvNS_6ParamsE") == "verify_attn_kernel_mma_qreg<true>"
+    assert _short("_ZN6kdtree21combine_narrow_kernelILi8ELb0EEEvNS_6ParamsE") == "combine_narrow_kernel<8, false>"
+    assert _short("_ZN6kdtree4sm9023verify_attn_kernel_sm90ILb0EEEvNS_6ParamsE14CUtensorMap_sti") == \
+        "verify_attn_kernel_sm90<false>"
+
+
+QREG_120_PLANNED = ("ptxas info    : Compiling entry function '_ZN6kdtree27verify_attn_kernel_mma_qregILb{p}EEEvNS_6ParamsE' "
+                    "for 'sm_120'\n"
+                    "    0 bytes stack frame, {spill} bytes spill stores, {spill} bytes spill loads\n"
+                    "ptxas info    : Used {regs} registers, used 5 barriers\n")
+
+
+def test_every_instance_of_the_sm120_kernel_is_checked(monkeypatch):
+    """The sm_120 kernel in two instances (the 3-D grid's, the batch schedule's): the fit
+    checks both, so a spill in either fails it, and reports the larger register count."""
+    from kdtree_engine.kernel import build as B
+    from kdtree_engine.kernel import library as L
+
+    monkeypatch.setattr(L, "Library", lambda path: _FakeLib(path))
+
+    def fit(spill_planned):
+        log = LOG.format(serial="", spill=0) + QREG_120_PLANNED.format(p=0, spill=0, regs=200) + \
+            QREG_120_PLANNED.format(p=1, spill=spill_planned, regs=168)
+        return B.sm120_fit(_result(log))
+
+    f, problems = fit(0)
+    assert problems == [] and f["registers"] == 200
+    _, problems = fit(8)
+    assert problems == ["verify_attn_kernel_mma_qreg<true> spills on sm_120"]

@@ -454,3 +454,61 @@ def test_drafts_from_the_pool_are_checked():
         op.check_arguments(**a, draft_slots=slots, require_cuda=False)
     shapes = op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots, require_cuda=False)
     assert shapes.total_tokens == a["q"].shape[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
+    """Issue 16, ragged batches: one long request among short ones takes far more splits than
+    the grid's num_splits (the batch schedule, csrc/common.cuh batch_plan), in both kernels.
+    The (slot, splits) pairs the requests' first CTAs leave in the workspace for the combine
+    are exactly op.batch_plan's; the output matches the reference. KDTREE_SCHED=grid (the 3-D
+    grid of split_plan) writes no pair, and matches the reference too. The workspace past its
+    header starts as 0xFF bytes, so a pair or a partial read before it was written shows."""
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    lib = library.load()
+    dev = torch.cuda.current_device()
+    lens, ns, H = [20000, 300, 0, 1000, 300, 2500], [16, 16, 5, 16, 1, 9], 8
+    b = workloads.make_batch(lens, ns, H, seed=31, device="cuda")
+    T, bs = b.q.shape[0], len(lens)
+    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+    num_splits = choose_num_splits(bs, max(ns), H, sm_count, op.PLAN_BM)
+    budget = min(sm_count, T * H * num_splits // op.PLAN_BM, op.MAX_SPLITS)
+    sm90 = target == "native" and lib.kernel_name(dev).startswith("wgmma")
+    want = op.batch_plan(lens, ns, H, 128 if sm90 else 32, budget)
+    assert want[0][0] > num_splits  # the case is one the 3-D grid caps
+    ref, _ = reference.verify_attention_ref(*b.ref_args())
+    ws = torch.full((lib.workspace_bytes(T * H, num_splits),), 0xFF, dtype=torch.uint8, device="cuda")
+    ws[: op.WS_HEADER].zero_()
+    meta = ws[op.WS_HEADER : op.WS_HEADER + 8 * bs].view(torch.int32).view(bs, 2)  # Params::plan_meta
+    monkeypatch.delenv("KDTREE_SCHED", raising=False)
+    out = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws, target=target).clone()
+    assert [(sp, slot) for slot, sp in meta.cpu().tolist()] == want
+    assert compare.compare(out, ref).passed
+    ws[op.WS_HEADER :].fill_(0xFF)
+    monkeypatch.setenv("KDTREE_SCHED", "grid")
+    grid = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws, target=target)
+    assert (meta == -1).all()
+    assert compare.compare(grid, ref).passed
+    assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
+
+
+def test_the_batch_schedule_model_keeps_uniform_counts_and_fits_its_budget():
+    """op.batch_plan (the device's rule, which the GPU test above checks the kernels against):
+    a uniform batch takes split_plan's counts under the grid the host sizes for it; a ragged
+    one gives its long request more splits than that grid's and never exceeds the budget; the
+    partial rows are packed request by request (one split: none)."""
+    for bs, n, H, L in [(8, 16, 8, 32768), (32, 8, 16, 8192), (64, 4, 16, 4096), (4, 32, 16, 32768)]:
+        ns = choose_num_splits(bs, n, H, 132, op.PLAN_BM)
+        plan = op.batch_plan([L] * bs, [n] * bs, H, 128, min(132, bs * n * H * ns // op.PLAN_BM))
+        sp = op.split_plan(L + n, ns, 128)[0]
+        assert [s for s, _ in plan] == [sp] * bs, (bs, n, H, L)
+        assert [slot for _, slot in plan] == [i * sp * n * H for i in range(bs)]
+    lens, ns = [65536] + [1024] * 7, [16] * 8
+    plan = op.batch_plan(lens, ns, 8, 128, 128)
+    assert plan[0][0] > choose_num_splits(8, 16, 8, 132, op.PLAN_BM) and all(s == 1 for s, _ in plan[1:])
+    assert sum(2 * s for s, _ in plan) <= 128
+    assert [slot for _, slot in plan[1:]] == [plan[0][0] * 16 * 8] * 7

@@ -160,16 +160,23 @@ _SERIAL_RE = re.compile(r"\((C75\d\d)\)[^']*wgmma\.mma_async instructions are se
 
 
 def _short(name: str) -> str:
-    """Mangled kernel name -> a readable one (verify_attn_kernel<4>, combine_onepass_kernel<8, 10>,
-    combine_wide_kernel)."""
+    """Mangled kernel name -> a readable one (verify_attn_kernel_mma_qreg<true>,
+    combine_onepass_kernel<8, 10, false>, combine_wide_kernel)."""
     m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
-                  r"(I((?:Li\d+E)+)E|E|N)", name)
+                  r"(I((?:L[ib]\d+E)+)E|E|N)", name)
     if not m:
         return name
     if not m.group(3):
         return m.group(1)
-    args = ", ".join(re.findall(r"Li(\d+)E", m.group(3)))
+    args = ", ".join(v if t == "i" else ("true" if v == "1" else "false")
+                     for t, v in re.findall(r"L([ib])(\d+)E", m.group(3)))
     return f"{m.group(1)}<{args}>"
+
+
+def instances(kernels: dict[str, dict[str, int]], name: str) -> dict[str, dict[str, int]]:
+    """The entries of one arch's ptxas report that are kernel ``name``: itself, or any of its
+    template instances (``name<...>``)."""
+    return {k: v for k, v in kernels.items() if k == name or k.startswith(name + "<")}
 
 
 def parse_ptxas(log: str) -> dict[str, dict[str, dict[str, int]]]:
@@ -351,22 +358,22 @@ def sm120_fit(result: BuildResult) -> tuple[dict, list[str]]:
     if c["ctas_per_sm"] < 1:
         problems.append(f"sm_120 tile {c['name']} fits no CTA per SM")
     kname = TILE_KERNELS.get(c["tile"])
-    k = result.kernels.get(arch, {}).get(kname or "?")
-    if k is None:
+    found = instances(result.kernels.get(arch, {}), kname or "?")  # the 3-D grid's and the batch schedule's
+    if not found:
         problems.append(f"ptxas reported no {kname} for sm_120 (the kernel of tile {c['name']})")
-    else:
+    for inst, k in found.items():
         regs = k.get("registers") or 0
         if regs * c["threads"] * c["ctas_per_sm"] > 64 * 1024:
-            problems.append(f"{kname}: {regs} registers x {c['threads']} threads x {c['ctas_per_sm']} CTAs exceed "
+            problems.append(f"{inst}: {regs} registers x {c['threads']} threads x {c['ctas_per_sm']} CTAs exceed "
                             "sm_120's 64K registers per SM")
         if k.get("spill_stores") or k.get("spill_loads"):
-            problems.append(f"{kname} spills on sm_120")
+            problems.append(f"{inst} spills on sm_120")
     hg = result.sass.get(arch, {}).get("HGMMA", 0)
     if hg:
         problems.append(f"sm_120 code holds {hg} HGMMA (wgmma): an instruction sm_120 lacks")
     fit = {"tile": c["name"], "kernel": kname, "smem_bytes": c["smem_bytes"], "smem_limit": limit,
            "threads": c["threads"], "ctas_per_sm": c["ctas_per_sm"],
-           "registers": None if k is None else k.get("registers")}
+           "registers": max((k.get("registers") or 0 for k in found.values()), default=None)}
     return fit, problems
 
 

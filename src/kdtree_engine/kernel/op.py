@@ -54,6 +54,45 @@ def split_plan(kv: int, num_splits: int, split_keys: int) -> tuple[int, int]:
     return -(-steps // per), per
 
 
+#: rows per CTA of the batch schedule's kernels (csrc/common.cuh PLAN_BM)
+PLAN_BM = 64
+
+
+def batch_plan(prefix_lens: Sequence[int], n_drafts: Sequence[int], num_heads: int, split_keys: int,
+               budget: int) -> list[tuple[int, int]]:
+    """csrc/common.cuh ``batch_plan``, the batch schedule warp 0 of each CTA computes on the
+    device for a batch of more than one request: (splits, first partial row) per request, as
+    the request's first CTA writes them for the combine (Params::plan_meta). Every request
+    takes ceil(steps / per) splits of ``per`` steps, ``per`` the smallest (at least
+    SPLIT_MIN_KEYS keys) for which the CTAs, sum of row tiles x splits, fit ``budget``; a
+    request of several splits owns splits x rows partial rows, packed in request order (one
+    of one split owns none; its slot is where the next one's begin). tests/test_kernel_op.py
+    checks the device's against this."""
+    rows = [n * num_heads for n in n_drafts]
+    steps = [max(1, -(-(L + n) // split_keys)) for L, n in zip(prefix_lens, n_drafts, strict=True)]
+    tiles = [-(-r // PLAN_BM) for r in rows]
+    work, ntiles = sum(t * s for t, s in zip(tiles, steps, strict=True)), sum(tiles)
+    smax = max([s for t, s in zip(tiles, steps, strict=True) if t > 0], default=1)
+    per_min = -(-SPLIT_MIN_KEYS // split_keys)
+    per = max(per_min, smax)
+    if budget > ntiles:
+        lo = max(per_min, min(smax, -(-work // budget)))
+        hi = max(lo, min(smax, -(-work // (budget - ntiles))))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sum(t * -(-s // mid) for t, s in zip(tiles, steps, strict=True)) <= budget:
+                hi = mid
+            else:
+                lo = mid + 1
+        per = lo
+    out, slot = [], 0
+    for r, s in zip(rows, steps, strict=True):
+        sp = -(-s // per)
+        out.append((sp, slot))
+        slot += sp * r if sp > 1 else 0
+    return out
+
+
 class VerifyArgumentError(ValueError):
     """An argument of :func:`verify_attention` is wrong; the message names it."""
 
