@@ -110,9 +110,18 @@ __device__ __forceinline__ void slab_free_arrive(int w) {
 }
 }  // namespace qreg
 
+// Under the batch schedule, the CTA's request and row tile from its job in shared memory (the 3-D
+// grid's are blockIdx.z and blockIdx.x): read again wherever the kernel needs them rather than
+// held in registers across the main loop, where they spilled.
+__device__ __forceinline__ void cta_job_tile(const unsigned char* smem, int& b, int& rt) {
+  const BatchJob& js = *reinterpret_cast<const BatchJob*>(smem + qreg::JOB_OFF);
+  b = js.b;
+  rt = js.local % plan_tiles(js.rows);
+}
+
 // PLANNED: a 1-D grid of the batch schedule (common.cuh batch_plan), else (row tiles, splits, bs).
-// The job stays in shared memory, read again by the epilogue: in registers across the main loop
-// it spilled (the 3-D grid's row tile and split are blockIdx, which costs none).
+// Every use of the CTA's request, row tile or split past setup_work goes through cta_job_tile or
+// the job in shared memory (the draft tiles' mask, the epilogue; blockIdx is the 3-D grid's).
 template <bool PLANNED>
 __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(const Params p) {
   using namespace qreg;
@@ -283,14 +292,15 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
     // registers are what this tile is short of)
     if (tile * BN + BN > L) {
       // (the request's draft count and the CTA's indices are read again rather than held)
-      const int bz = blockIdx.z;
+      int bz = blockIdx.z, rtm = blockIdx.x;
+      if (PLANNED) cta_job_tile(smem, bz, rtm);
       const int Nm = static_cast<int>(load_index(p.qo_indptr, p.qo_indptr_64, bz + 1) -
                                       load_index(p.qo_indptr, p.qo_indptr_64, bz));
       Work wm;
       wm.L = L;
       wm.KV = L + Nm;
       mask_window(p, bz, Nm, wm.KV, wm);
-      const int row0 = blockIdx.x * BM + rg * 16 + g;
+      const int row0 = rtm * BM + rg * 16 + g;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = row0 + (e >> 1) * 8;
@@ -393,9 +403,9 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   int64_t part_slot = (static_cast<int64_t>(blockIdx.y) * p.T + qo_start) * H;
   if (PLANNED) {  // the job again, from shared memory
     const BatchJob& js = *reinterpret_cast<const BatchJob*>(smem + JOB_OFF);
-    const int tiles = plan_tiles(js.rows);
-    r_tile = js.local % tiles;
-    part_slot = js.slot + static_cast<int64_t>(js.local / tiles) * js.rows;
+    int jb;
+    cta_job_tile(smem, jb, r_tile);
+    part_slot = js.slot + static_cast<int64_t>(js.local / plan_tiles(js.rows)) * js.rows;
   }
   store_rows(p, acc, m_run, l_run, r_tile * BM + rg * 16 + g, N * H, qo_start, part_slot, w.splits > 1, kh, tq);
 }
