@@ -1,12 +1,12 @@
 """Ragged batches: the owned kernel against FlashMLA when a batch's prefixes differ.
 
-The micro suite gives every request of a case the same prefix, so it cannot show what the
-split schedule does with one long request among short ones. Ours splits each request by its
-own length, at most the grid's split count (csrc/common.cuh split_plan): the longest request
-then runs on row tiles x num_splits CTAs and the rest of the GPU idles once the short
-requests are done. FlashMLA's metadata kernel cuts the whole batch's work into equal parts, one
-per SM (docs/flashmla-schedule.md). This probe measures the difference that makes; it is a
-measurement for the next step of issue 16, not a gate (`nox -s bench` stays the record).
+Session V wrote it when the micro suite gave every request of a case the same prefix and ours
+capped each request at the grid's split count (csrc/common.cuh split_plan), which left the GPU
+idle behind one long request. Since session W both kernels run the batch schedule (batch_plan:
+one wave of CTAs shared by the requests by their work), and since session X the micro suite times
+these batches itself with every peer (`Case.ragged`, suites.RAGGED_CASES), which is the record.
+This probe stays a quick A/B: 20 calls on the same inputs per replayed graph, ours with and without
+the host hint beside FlashMLA (docs/kernel-notes.md V6, W1, X1, X5).
 
     python3 tools/ragged_probe.py [--rounds 3] [--json FILE]
 
