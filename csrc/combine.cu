@@ -13,7 +13,8 @@ cudaError_t launch_wide(dim3 grid, cudaStream_t stream, const Params& p) {
 template <int MAXS, bool PL>
 cudaError_t launch_narrow(int64_t rows, cudaStream_t stream, const Params& p) {
   const dim3 grid(static_cast<unsigned>((rows + COMBINE_NARROW_ROWS - 1) / COMBINE_NARROW_ROWS));
-  return launch_pdl(combine_narrow_kernel<MAXS, PL>, grid, COMBINE_NARROW_THREADS, 0, stream, p);
+  if constexpr (PL) return launch_pdl(combine_pieces_kernel<MAXS>, grid, COMBINE_NARROW_THREADS, 0, stream, p);
+  else return launch_pdl(combine_narrow_kernel<MAXS>, grid, COMBINE_NARROW_THREADS, 0, stream, p);
 }
 // the narrow instance with the fewest splits that holds the grid's num_splits (a row's count
 // under the 3-D grid is at most that: split_plan; under the batch schedule the instances walk

@@ -95,6 +95,17 @@ __device__ __forceinline__ float4 load_part4(const part_t* src) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// o += wt x the 8 bf16 columns in raw (one 16-byte load of a partial), in fp32.
+__device__ __forceinline__ void add_weighted8(float (&o)[8], float wt, const uint4& raw) {
+  const uint32_t w4[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
+    o[2 * k] += wt * v.x;
+    o[2 * k + 1] += wt * v.y;
+  }
+}
+
 // Merge splits s0, s0 + step, ... (N of them; one at or past the row's S counts as empty) of
 // a row (partial rows slot0 + s * stride) at columns c .. c + 7 into (o, mx, sum), for the
 // narrow and one-pass kernels: each split's 8 columns of bf16 partial (one 16-byte load) and
@@ -102,7 +113,9 @@ __device__ __forceinline__ float4 load_part4(const part_t* src) {
 // no load waits for a weight: one round trip to memory for all N), then merged in fp32 against
 // the running maximum mx: o = the sum of exp(lse - mx) x partial and sum = the sum of
 // exp(lse - mx), both rescaled when mx moves and 0 while no split has a visible key (mx -inf).
-template <int N>
+// CG: the loads bypass L1 (ld.global.cg), for partials other CTAs of this grid wrote (the
+// pieces' chunk results, combine_pieces_kernel).
+template <int N, bool CG = false>
 __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int step,
                                               int S, float (&o)[8], float& mx, float& sum) {
   const part_t* base = p.o_part + slot0 * DV + c;
@@ -111,8 +124,13 @@ __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, in
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int s = s0 + u * step;
-    raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * stride * DV) : make_uint4(0u, 0u, 0u, 0u);
-    ls[u] = s < S ? p.lse_part[slot0 + s * stride] : -CUDART_INF_F;
+    if constexpr (CG) {
+      raw[u] = s < S ? __ldcg(reinterpret_cast<const uint4*>(base + s * stride * DV)) : make_uint4(0u, 0u, 0u, 0u);
+      ls[u] = s < S ? __ldcg(p.lse_part + slot0 + s * stride) : -CUDART_INF_F;
+    } else {
+      raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * stride * DV) : make_uint4(0u, 0u, 0u, 0u);
+      ls[u] = s < S ? p.lse_part[slot0 + s * stride] : -CUDART_INF_F;
+    }
   }
   float m = mx;  // the running maximum (-inf before the first chunk, when o and sum are 0)
 #pragma unroll
@@ -127,23 +145,52 @@ __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, in
   for (int u = 0; u < N; ++u) {
     const float wt = split_weight(ls[u], m);  // 0 past S and for a split with no visible key
     sum += wt;
-    const uint32_t w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+    add_weighted8(o, wt, raw[u]);
+  }
+}
+
+// Splits s0 .. s0 + N - 1 (those below S) of a row merged afresh into (o, mx, sum), as
+// merge_splits8 does, but with the LSEs spread over the warp's lanes (lane u loads split s0 + u's
+// and the weights reach the other lanes by shuffle): N - 1 registers fewer per thread, which keeps
+// the pieces' instances within the narrow kernel's caps. CG: the loads bypass L1, for partials
+// other CTAs of this grid wrote (combine_pieces_kernel's chunk results). Every lane of the warp
+// calls it.
+template <int N, bool CG>
+__device__ __forceinline__ void merge_chunk8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int S,
+                                             float (&o)[8], float& mx, float& sum) {
+  static_assert(N <= 32, "one LSE per lane");
+  const part_t* base = p.o_part + slot0 * DV + c;
+  const int lane = threadIdx.x & 31;
+  uint4 raw[N];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[k]));
-      o[2 * k] += wt * v.x;
-      o[2 * k + 1] += wt * v.y;
-    }
+  for (int u = 0; u < N; ++u) {
+    const uint4* src = reinterpret_cast<const uint4*>(base + (s0 + u) * stride * DV);
+    raw[u] = s0 + u < S ? (CG ? __ldcg(src) : *src) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const float* lsrc = p.lse_part + slot0 + (s0 + lane) * stride;
+  const float ls = lane < N && s0 + lane < S ? (CG ? __ldcg(lsrc) : *lsrc) : -CUDART_INF_F;
+  float m = ls;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = 0.f;
+  sum = 0.f;
+  mx = m;
+  if (m == -CUDART_INF_F) return;  // no split has a visible key: o, sum stay 0 (warp-uniform)
+  const float w = split_weight(ls, m);  // 0 on the lanes past N or S and for a split with no visible key
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const float wt = __shfl_sync(0xffffffffu, w, u);
+    sum += wt;
+    add_weighted8(o, wt, raw[u]);
   }
 }
 
 // Row (slot0, stride)'s splits s0, s0 + step, ... below S merged into (o, mx, sum): the first
 // MAXC in one round trip (merge_splits8), which is all of a 3-D-grid row (its S never exceeds
-// the instance's MAXC, LOOP false). Under the batch schedule (LOOP) a long request of a ragged
-// batch may take more than the grid's num_splits, which picks the instance: its further splits
-// follow MAXC / 2 a round trip, within the register cap of the 3-D grid's instances (a walk of
-// MAXC a round trip took 58-110 registers against 32-64, halving the resident combine CTAs of the
-// uniform batches: docs/kernel-notes.md X1).
+// the instance's MAXC, LOOP false). Under the batch schedule (LOOP: the one-pass kernels) a row
+// may hold more: its further splits follow MAXC a round trip (MAXC / 2 on sm_120, whose ptxas
+// spilled a walk of MAXC).
 template <int MAXC, bool LOOP>
 __device__ __forceinline__ void merge_row8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int step,
                                            int S, float (&o)[8], float& mx, float& sum) {
@@ -202,34 +249,147 @@ constexpr int COMBINE_NARROW_MAX = 16;  // instances for 2, 4, 8 and 16 splits (
 // resident CTAs per SM each instance is built for (its register cap: 64K / (512 x this))
 template <int MAXS>
 constexpr int COMBINE_NARROW_MIN_BLOCKS = MAXS <= 2 ? 4 : MAXS <= 4 ? 3 : MAXS <= 8 ? 2 : 1;
-// the batch schedule's instances (their rows may walk more than MAXS splits: merge_row8's loop
-// keeps its running sums live across a chunk's loads): one CTA fewer where that does not fit
-// (sm_120's ptxas needs more: it spilled 8-168 B at these caps, so there they take one CTA)
+// the batch schedule's instances (combine_pieces_kernel: a piece merges PIECE_SPLITS splits, at
+// least MAXS, and its plan lookup holds a few more registers): one CTA fewer where that does not
+// fit (sm_120's ptxas needs more: it spilled 8-168 B at these caps, so there they take one CTA)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
 template <int MAXS>
 constexpr int COMBINE_PLANNED_MIN_BLOCKS = 1;
 #else
 template <int MAXS>
-constexpr int COMBINE_PLANNED_MIN_BLOCKS = MAXS <= 2 ? 3 : MAXS <= 4 ? 2 : COMBINE_NARROW_MIN_BLOCKS<MAXS>;
+constexpr int COMBINE_PLANNED_MIN_BLOCKS = MAXS <= 8 ? 2 : 1;
 #endif
 
-// PLANNED: the batch schedule's rows (combine_row), which may hold more than MAXS splits
-// (merge_row8 walks them), under the same register cap.
-template <int MAXS, bool PLANNED>
-__global__ void __launch_bounds__(COMBINE_NARROW_THREADS,
-                                  PLANNED ? COMBINE_PLANNED_MIN_BLOCKS<MAXS> : COMBINE_NARROW_MIN_BLOCKS<MAXS>)
+// The 3-D grid's rows (combine_row): S <= the grid's num_splits <= MAXS.
+template <int MAXS>
+__global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLOCKS<MAXS>)
     combine_narrow_kernel(const Params p) {
   const int64_t TH = static_cast<int64_t>(p.T) * p.H;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * COMBINE_NARROW_ROWS + threadIdx.x / 64;
   int tok, head, b, S;  // S: the splits of this row's request b
   int64_t slot0, stride;
-  const bool owned = grow < TH && combine_row<PLANNED>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
+  const bool owned = grow < TH && combine_row<false>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
-  if (!owned || !planned_row<PLANNED>(p, b, S, slot0)) return;
+  if (!owned) return;
   const int c = (threadIdx.x % 64) * 8;
   float o[8], mx, sum;
-  merge_row8<MAXS, PLANNED>(p, slot0, stride, c, 0, 1, S, o, mx, sum);  // MAXS splits a round trip
+  merge_row8<MAXS, false>(p, slot0, stride, c, 0, 1, S, o, mx, sum);
   store_row8(p, c, o, sum, mx, grow);
+}
+
+// The batch schedule's narrow combine: pieces of PIECE_SPLITS<MAXS> splits of a row, so that a
+// long row of a ragged batch is merged by many 64-thread groups at once instead of one walking
+// its splits (one 64k request among seven 1k ones: 57 splits, 8 round trips in a row on 16 of
+// the 132 SMs; docs/kernel-notes.md X5, Y1). Request b of S_b > 1 splits has
+// rows_b x ceil(S_b / K) pieces, chunk-major (consecutive groups take consecutive rows of one
+// chunk); the pieces of the batch are numbered request by request, and group g of CTA x takes
+// pieces 8x + g, 8x + g + 8 gridDim.x, ... (the grid is the 3-D grid's, T x H / 8 CTAs: a
+// uniform batch has one piece per row).
+// - A row of one chunk (S <= K): the piece merges it into O, as combine_narrow_kernel does.
+// - A row of C > 1 chunks: piece c merges splits cK .. cK + K - 1 and writes the result as the
+//   partial of split cK (normalised bf16 and its LSE: one more bf16 rounding, merged in fp32
+//   like any partial), then counts itself in on the row's counter (Params::plan_cnt, zeroed by
+//   the main kernel); the last of the C merges the chunk results, splits 0, K, 2K, ... (one
+//   round trip for C <= K), from L2.
+// Before the wait each CTA reads every request's lengths (load_request: inputs only); after it,
+// their (slot, splits) pairs (plan_meta), and 128 threads scan the pieces into shared memory.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+template <int MAXS>
+constexpr int PIECE_SPLITS = MAXS == 2 ? 4 : 8;  // sm_120's ptxas spilled 6 B at 16 under the 128-register cap
+#else
+template <int MAXS>
+constexpr int PIECE_SPLITS = MAXS == 2 ? 4 : MAXS == 4 ? 8 : MAXS;
+#endif
+template <int MAXS>
+__global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BLOCKS<MAXS>)
+    combine_pieces_kernel(const Params p) {
+  constexpr int K = PIECE_SPLITS<MAXS>;
+  __shared__ int pfx[PLAN_MAX_BS + 1];  // the first piece of each request; pfx[PLAN_MAX_BS]: all
+  __shared__ int rows_s[PLAN_MAX_BS], qlo_s[PLAN_MAX_BS];
+  __shared__ int2 meta_s[PLAN_MAX_BS];
+  __shared__ int wsum[PLAN_MAX_BS / 32];
+  __shared__ int last_s[COMBINE_NARROW_ROWS];
+  const int tid = threadIdx.x, lane = tid & 31, grp = tid / 64, c = (tid % 64) * 8;
+  int rows = 0, qlo = 0;
+  if (tid < p.bs) {  // (p.bs <= PLAN_MAX_BS: the host)
+    const Request r = load_request(p, tid);
+    if (!r.bad) { rows = r.N * p.H; qlo = r.qo_lo; }  // a malformed request: the main kernel flagged it
+  }
+  pdl_wait_primary();
+  int pieces = 0;
+  int2 m = make_int2(0, 1);
+  if (rows > 0) {  // (plan_meta holds only the requests with rows)
+    m = p.plan_meta[tid];
+    if (m.y > 1) pieces = rows * ((m.y + K - 1) / K);
+  }
+  int inc = pieces;  // inclusive scan over threads 0 .. PLAN_MAX_BS - 1
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += a;
+  }
+  if (tid < PLAN_MAX_BS) {
+    if (lane == 31) wsum[tid / 32] = inc;
+    rows_s[tid] = rows;
+    qlo_s[tid] = qlo;
+    meta_s[tid] = m;
+  }
+  __syncthreads();
+  if (tid < PLAN_MAX_BS) {
+    int off = 0;
+#pragma unroll
+    for (int w = 0; w < PLAN_MAX_BS / 32; ++w) off += w < tid / 32 ? wsum[w] : 0;
+    pfx[tid] = off + inc - pieces;
+    if (tid == PLAN_MAX_BS - 1) pfx[PLAN_MAX_BS] = off + inc;
+  }
+  __syncthreads();
+  const int total = pfx[PLAN_MAX_BS];
+  const uint32_t bar_id = 1 + grp, bar_n = 64;  // the group's named barrier (two warps)
+  auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(bar_id), "r"(bar_n) : "memory"); };
+  for (int j = blockIdx.x * COMBINE_NARROW_ROWS + grp; j < total; j += gridDim.x * COMBINE_NARROW_ROWS) {
+    int b = 0, hi = p.bs - 1;  // the last request whose first piece is <= j (group-uniform)
+    while (b < hi) {
+      const int mid = (b + hi + 1) >> 1;
+      if (pfx[mid] <= j) b = mid; else hi = mid - 1;
+    }
+    const int rb = rows_s[b], local = j - pfx[b], r = local % rb, ch = local / rb;
+    const int S = meta_s[b].y, C = (S + K - 1) / K;
+    const int64_t slot0 = static_cast<int64_t>(meta_s[b].x) + r;
+    float o[8], mx, sum;
+    merge_chunk8<K, false>(p, slot0, rb, c, ch * K, S, o, mx, sum);
+    if (C > 1) {
+      // the chunk's result as split ch * K's partial, once every thread of the group has read
+      // that split's LSE
+      group_sync();
+      const int64_t lead = slot0 + static_cast<int64_t>(ch) * K * rb;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) packed[k] = pack_bf16(o[2 * k] * inv, o[2 * k + 1] * inv);
+      *reinterpret_cast<uint4*>(p.o_part + lead * DV + c) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      if (c == 0) p.lse_part[lead] = sum > 0.f ? mx + logf(sum) : -CUDART_INF_F;
+      __threadfence();  // the result reaches L2 before the counter moves
+      group_sync();
+      if (c == 0) last_s[grp] = atomicAdd(p.plan_cnt + slot0, 1) == C - 1;
+      group_sync();
+      if (!last_s[grp]) continue;  // group-uniform
+      __threadfence();
+      // the chunks' results (split u K of the row: stride K rb), from L2: one round trip for
+      // C <= K; past that (S > K^2: a rare very long row) one a round trip, in few registers
+      const int64_t cstride = static_cast<int64_t>(K) * rb;
+      if (C <= K) {
+        merge_chunk8<K, true>(p, slot0, cstride, c, 0, C, o, mx, sum);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = 0.f;
+        mx = -CUDART_INF_F;
+        sum = 0.f;
+#pragma unroll 1
+        for (int u = 0; u < C; ++u) merge_splits8<1, true>(p, slot0, cstride, c, u, 1, C, o, mx, sum);
+      }
+    }
+    store_row8(p, c, o, sum, mx, static_cast<int64_t>(qlo_s[b]) * p.H + r);
+  }
 }
 
 // 17 to 8 x COMBINE_ONE_PASS64 splits (bs1 on 132 SMs: 33 or 66): one row per CTA of G groups

@@ -93,6 +93,11 @@ struct Params {
   // first CTA and read by the combine after griddepcontrol.wait, so that the combine does not
   // derive the plan again (docs/kernel-notes.md X1). In the workspace, after the header.
   int2* plan_meta;
+  // One arrival counter per partial row of split 0 (index slot_b + r), for the combine's pieces
+  // (combine.cuh combine_pieces_kernel): the request's first CTA zeroes its rows' counters, the
+  // combine's pieces of a long row count themselves in, and the last merges the chunks. In the
+  // workspace, after the LSEs.
+  int* plan_cnt;
   float scale_log2;
 };
 
@@ -436,11 +441,17 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
 // wait there: with every warp running the plan ptxas spilled and serialized the sm90 kernel's
 // wgmma). The request's first CTA hands the combine its partials' place, (slot, splits), through
 // Params::plan_meta (every request with rows has one; the combine reads it after its
-// griddepcontrol.wait). job.b < 0: the CTA has no work (uniform over the CTA).
+// griddepcontrol.wait) and zeroes its rows' arrival counters (Params::plan_cnt; this grid's
+// griddepcontrol.wait has seen the previous call's combine finish). job.b < 0: the CTA has no work (uniform over the CTA).
 __device__ __forceinline__ BatchJob planned_job(const Params& p, BatchJob* job_s, int tid, int& rt, int& split) {
   if (tid < 32) {
     const BatchJob j = batch_plan(p, blockIdx.x, -1);
     if (tid == 0) *job_s = j;
+    if (j.b >= 0 && j.local == 0) {  // warp 0 alone: in every warp, ptxas serialized the sm90 kernel's wgmma
+      if (tid == 0) p.plan_meta[j.b] = make_int2(j.slot, j.splits);
+      if (j.splits > 1)  // the combine's arrival counters of the request's rows start at zero
+        for (int i = tid; i < j.rows; i += 32) p.plan_cnt[j.slot + i] = 0;
+    }
   }
   __syncthreads();
   const BatchJob job = *job_s;
@@ -448,7 +459,6 @@ __device__ __forceinline__ BatchJob planned_job(const Params& p, BatchJob* job_s
     const int tiles = plan_tiles(job.rows);
     rt = job.local % tiles;
     split = job.local / tiles;
-    if (tid == 0 && job.local == 0) p.plan_meta[job.b] = make_int2(job.slot, job.splits);
   }
   return job;
 }

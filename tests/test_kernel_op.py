@@ -456,6 +456,20 @@ def test_drafts_from_the_pool_are_checked():
     assert shapes.total_tokens == a["q"].shape[0]
 
 
+def _planned_batch(lib, target, lens, ns, H, seed):
+    """A batch on the GPU, the grid's num_splits the host picks for it, and op.batch_plan's
+    (splits, slot) per request under the budget kdtree_verify.cu gives the call (one CTA per
+    SM, at most the workspace's partial rows at PLAN_BM a CTA) and the kernel's split step."""
+    dev = torch.cuda.current_device()
+    b = workloads.make_batch(lens, ns, H, seed=seed, device="cuda")
+    T, bs = b.q.shape[0], len(lens)
+    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+    num_splits = choose_num_splits(bs, max(ns), H, sm_count, op.PLAN_BM)
+    budget = min(sm_count, T * H * num_splits // op.PLAN_BM, op.MAX_SPLITS)
+    sm90 = target == "native" and lib.kernel_name(dev).startswith("wgmma")
+    return b, num_splits, op.batch_plan(lens, ns, H, 128 if sm90 else 32, budget)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("target", ["native", "sm_120"])
@@ -470,15 +484,9 @@ def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
 
     _target_or_skip(target)
     lib = library.load()
-    dev = torch.cuda.current_device()
     lens, ns, H = [20000, 300, 0, 1000, 300, 2500], [16, 16, 5, 16, 1, 9], 8
-    b = workloads.make_batch(lens, ns, H, seed=31, device="cuda")
+    b, num_splits, want = _planned_batch(lib, target, lens, ns, H, seed=31)
     T, bs = b.q.shape[0], len(lens)
-    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-    num_splits = choose_num_splits(bs, max(ns), H, sm_count, op.PLAN_BM)
-    budget = min(sm_count, T * H * num_splits // op.PLAN_BM, op.MAX_SPLITS)
-    sm90 = target == "native" and lib.kernel_name(dev).startswith("wgmma")
-    want = op.batch_plan(lens, ns, H, 128 if sm90 else 32, budget)
     assert want[0][0] > num_splits  # the case is one the 3-D grid caps
     ref, _ = reference.verify_attention_ref(*b.ref_args())
     ws = torch.full((lib.workspace_bytes(T * H, num_splits),), 0xFF, dtype=torch.uint8, device="cuda")
@@ -494,6 +502,62 @@ def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
     assert (meta == -1).all()
     assert compare.compare(grid, ref).passed
     assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+@pytest.mark.parametrize("case", ["chunks", "past-k-squared"])
+def test_the_pieces_combine_merges_a_long_row_in_chunks(target, case):
+    """The batch schedule's narrow combine (csrc/combine.cuh combine_pieces_kernel) cuts a long
+    row into chunks of op.piece_splits splits, merged by several groups at once, and the last
+    group to arrive merges the chunks' results. Each chunk counts itself in on its row's
+    counter, which the main kernel zeroed: after the call a row of C > 1 chunks holds C, a row
+    of one chunk 0. `chunks`: one 64k request among seven 1k ones (57 splits in 8 chunks, one
+    round trip for the last group); `past-k-squared`: 40 requests of 4 drafts x 16 heads, one of
+    them 64k (more chunks than a piece's splits: the last group walks them). The workspace
+    starts as 0xFF bytes past its header, so an unzeroed counter or an unwritten partial shows;
+    the output matches the reference."""
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    lib = library.load()
+    if case == "chunks":
+        lens, ns, H = [65536] + [1024] * 7, [16] * 8, 8
+    else:
+        lens, ns, H = [65536] + [100] * 39, [4] * 40, 16
+    b, num_splits, plan = _planned_batch(lib, target, lens, ns, H, seed=37)
+    T = b.q.shape[0]
+    k = op.piece_splits(num_splits)
+    chunks = [-(-sp // k) for sp, _ in plan]
+    assert chunks[0] > 1 and (chunks[0] > k) == (case == "past-k-squared"), (plan[0], k)
+    lay = op.workspace_layout(T * H, num_splits)
+    assert lay["end"] == lib.workspace_bytes(T * H, num_splits)
+    ws = torch.full((lay["end"],), 0xFF, dtype=torch.uint8, device="cuda")
+    ws[: op.WS_HEADER].zero_()
+    out = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws, target=target)
+    ref, _ = reference.verify_attention_ref(*b.ref_args())
+    assert compare.compare(out, ref).passed
+    cnt = ws[lay["counters"] : lay["end"]].view(torch.int32).cpu()
+    for i, ((sp, slot), c) in enumerate(zip(plan, chunks, strict=True)):
+        if sp > 1:
+            rows = ns[i] * H
+            assert (cnt[slot : slot + rows] == (c if c > 1 else 0)).all(), (i, sp, c, cnt[slot : slot + rows].unique())
+    assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
+
+
+def test_the_workspace_layout_mirrors_the_library():
+    """op.workspace_layout's end is the library's kdtree_workspace_bytes, whatever the split count."""
+    from kdtree_engine.kernel import library
+
+    try:
+        lib = library.load()
+    except library.KernelLibraryError as e:  # none built on this machine
+        pytest.skip(f"no kernel library: {e}")
+    for rows, splits in [(128, 2), (1024, 8), (2560, 3), (7, 65)]:
+        lay = op.workspace_layout(rows, splits)
+        assert lay["end"] == lib.workspace_bytes(rows, splits)
+        assert lay["plan"] < lay["parts"] < lay["lse"] < lay["counters"] < lay["end"]
 
 
 def test_the_batch_schedule_model_keeps_uniform_counts_and_fits_its_budget():

@@ -93,6 +93,33 @@ def batch_plan(prefix_lens: Sequence[int], n_drafts: Sequence[int], num_heads: i
     return out
 
 
+#: bytes after the header for the batch schedule's (slot, splits) pairs (csrc/common.cuh WS_PLAN_BYTES)
+WS_PLAN_BYTES = 1024
+
+
+def workspace_layout(total_rows: int, num_splits: int) -> dict[str, int]:
+    """Byte offsets of the workspace's parts for a call of ``total_rows`` (T x H) rows and
+    ``num_splits`` (csrc/kdtree_verify.cu, the library's kdtree_workspace_bytes): the header,
+    the batch schedule's (slot, splits) pairs (``plan``), the bf16 partials (``parts``), their
+    fp32 LSEs (``lse``), the combine's int32 arrival counters, one per partial row of split 0
+    (``counters``, Params::plan_cnt), and the ``end``. For tests that read what the kernels left
+    there; tests/test_kernel_op.py checks ``end`` against the library."""
+    parts = WS_HEADER + WS_PLAN_BYTES
+    lse = parts + total_rows * num_splits * V_DIM * 2
+    aligned = -(-(total_rows * num_splits * 4) // 256) * 256
+    return {"plan": WS_HEADER, "parts": parts, "lse": lse, "counters": lse + aligned, "end": lse + 2 * aligned}
+
+
+def piece_splits(num_splits: int) -> int | None:
+    """Splits one piece of the batch schedule's narrow combine merges (csrc/combine.cuh
+    PIECE_SPLITS, sm_90's: the instance is the smallest of 2, 4, 8, 16 that holds the grid's
+    ``num_splits``); None past 16 (the one-pass and wide kernels take those)."""
+    for maxs, k in ((2, 4), (4, 8), (8, 8), (16, 16)):
+        if num_splits <= maxs:
+            return k
+    return None
+
+
 class VerifyArgumentError(ValueError):
     """An argument of :func:`verify_attention` is wrong; the message names it."""
 
