@@ -206,6 +206,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   // budget is one CTA per SM (op.py choose_num_splits' wave) and at most what the workspace's
   // T * H * num_splits partial rows hold at block_rows rows a CTA. KDTREE_SCHED=grid takes the
   // (row tiles, num_splits, bs) grid of split_plan instead (read on every call, for A/B runs).
+  // op.py split_budget restates this rule for the tests.
   {
     KdtreeDeviceProps d;
     rc = kdtree::host::device_props(dev, &d);

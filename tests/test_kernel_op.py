@@ -465,7 +465,8 @@ def _planned_batch(lib, target, lens, ns, H, seed):
     T, bs = b.q.shape[0], len(lens)
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     num_splits = choose_num_splits(bs, max(ns), H, sm_count, op.PLAN_BM)
-    budget = min(sm_count, T * H * num_splits // op.PLAN_BM, op.MAX_SPLITS)
+    budget = op.split_budget(bs, T * H, num_splits, sm_count, bs * -(-max(ns) * H // op.PLAN_BM))
+    assert budget > 0  # the call takes the batch schedule
     sm90 = target == "native" and lib.kernel_name(dev).startswith("wgmma")
     return b, num_splits, op.batch_plan(lens, ns, H, 128 if sm90 else 32, budget)
 

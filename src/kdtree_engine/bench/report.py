@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kdtree_engine.bench.results import Result, Table
-from kdtree_engine.bench.suites import Case, Suite
+from kdtree_engine.bench.suites import Case, Suite, length_counts, prefix_lens_of
 from kdtree_engine.bench.targets import TargetResult
 
 #: (system, mask, column header) of the main table
@@ -143,22 +142,22 @@ def _eager(t: Table, case: str, system: str, mask: str) -> float | None:
     return r.eager_us if r is not None and r.status == "ok" else None
 
 
-def _prefixes(c: dict[str, Any]) -> list[int]:
+def _prefixes(c: dict[str, Any]) -> tuple[int, ...]:
     """A report case's per-request prefix lengths (a report written before ragged cases has no
     ``prefixes``: every request has ``prefix``)."""
-    return list(c.get("prefixes") or [c["prefix"]] * c["bs"])
+    return prefix_lens_of(c["bs"], c["prefix"], c.get("prefixes") or None)
 
 
 def prefix_text(c: dict[str, Any]) -> str:
     """``65536`` for a uniform case; ``1 x 65536, 7 x 1024`` for a ragged one (longest first)."""
     if not c.get("prefixes"):
         return str(c["prefix"])
-    counts = Counter(c["prefixes"])
-    return ", ".join(f"{counts[v]} x {v}" for v in sorted(counts, reverse=True))
+    return ", ".join(f"{k} x {v}" for v, k in length_counts(c["prefixes"]))
 
 
 def _shape(c: dict[str, Any]) -> tuple:
-    return c["bs"], c["n"], c["heads"], tuple(_prefixes(c))
+    """A report case's Case.shape."""
+    return c["bs"], c["n"], c["heads"], _prefixes(c)
 
 
 def fragmentation_table(report: dict[str, Any]) -> str:

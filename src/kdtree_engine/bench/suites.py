@@ -32,6 +32,19 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+
+def length_counts(prefixes: Sequence[int]) -> list[tuple[int, int]]:
+    """(length, requests of that length) of a batch's prefix lengths, longest first: what a
+    ragged case's name (Case.ragged_label) and a report's prefix column (report.prefix_text) print."""
+    return sorted(Counter(prefixes).items(), reverse=True)
+
+
+def prefix_lens_of(bs: int, prefix: int, prefixes: Sequence[int] | None) -> tuple[int, ...]:
+    """Every request's prefix length, in batch order: ``prefixes`` for a ragged batch, else
+    ``prefix`` for each of the ``bs`` requests (Case.prefix_lens; a report's case dicts)."""
+    return tuple(prefixes) if prefixes is not None else (prefix,) * bs
+
+
 #: every system the bench knows, in table order. ``ours-sm120`` is the owned kernel in
 #: the sm_120 emulation (``target="sm_120"``): the kernel and tile an RTX PRO 6000
 #: Blackwell runs, under its limits, on the GPU at hand (no sm_120 GPU is available here)
@@ -109,7 +122,7 @@ class Case:
     @property
     def prefix_lens(self) -> tuple[int, ...]:
         """Every request's prefix length, in batch order."""
-        return self.prefixes if self.prefixes is not None else (self.prefix,) * self.bs
+        return prefix_lens_of(self.bs, self.prefix, self.prefixes)
 
     @property
     def total_prefix(self) -> int:
@@ -127,7 +140,7 @@ class Case:
             return None
         if self.label is not None:
             return self.label
-        return "-".join(f"{k}x{v}" for v, k in sorted(Counter(self.prefixes).items(), reverse=True))
+        return "-".join(f"{k}x{v}" for v, k in length_counts(self.prefixes))
 
     def _tagged(self, base: str, sep: str) -> str:
         base = base if self.layout == "fragmented" else f"{base}{sep}{self.layout}"

@@ -56,6 +56,8 @@ def split_plan(kv: int, num_splits: int, split_keys: int) -> tuple[int, int]:
 
 #: rows per CTA of the batch schedule's kernels (csrc/common.cuh PLAN_BM)
 PLAN_BM = 64
+#: the most requests the batch schedule takes; more run on the 3-D grid (csrc/common.cuh PLAN_MAX_BS)
+PLAN_MAX_BS = 128
 
 
 def batch_plan(prefix_lens: Sequence[int], n_drafts: Sequence[int], num_heads: int, split_keys: int,
@@ -95,6 +97,16 @@ def batch_plan(prefix_lens: Sequence[int], n_drafts: Sequence[int], num_heads: i
 
 #: bytes after the header for the batch schedule's (slot, splits) pairs (csrc/common.cuh WS_PLAN_BYTES)
 WS_PLAN_BYTES = 1024
+
+
+def split_budget(bs: int, total_rows: int, num_splits: int, sm_count: int, row_tiles: int) -> int:
+    """csrc/kdtree_verify.cu's batch schedule budget: the CTAs (one per SM, at most what the
+    workspace's ``total_rows`` x ``num_splits`` partial rows hold at PLAN_BM rows a CTA, and
+    MAX_SPLITS) a call of ``bs`` requests shares, or 0 where it takes the 3-D grid (one request,
+    one split, more than 128 requests, or a budget the batch's ``row_tiles`` fill)."""
+    budget = min(sm_count, total_rows * num_splits // PLAN_BM, MAX_SPLITS)
+    planned = 1 < bs <= PLAN_MAX_BS and num_splits > 1 and budget > row_tiles
+    return budget if planned else 0
 
 
 def workspace_layout(total_rows: int, num_splits: int) -> dict[str, int]:
