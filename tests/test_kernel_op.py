@@ -551,8 +551,8 @@ def test_the_workspace_layout_mirrors_the_library():
     """op.workspace_layout's end is the library's kdtree_workspace_bytes, whatever the split count."""
     from kdtree_engine.kernel import library
 
-    try:
-        lib = library.load()
+    try:  # by path: the process's default library (library._default) stays unresolved for later tests
+        lib = library.load(library.default_library_path())
     except library.KernelLibraryError as e:  # none built on this machine
         pytest.skip(f"no kernel library: {e}")
     for rows, splits in [(128, 2), (1024, 8), (2560, 3), (7, 65)]:
