@@ -17,8 +17,8 @@ cudaError_t launch_narrow(int64_t rows, cudaStream_t stream, const Params& p) {
   else return launch_pdl(combine_narrow_kernel<MAXS>, grid, COMBINE_NARROW_THREADS, 0, stream, p);
 }
 // the narrow instance with the fewest splits that holds the grid's num_splits (a row's count
-// under the 3-D grid is at most that: split_plan; under the batch schedule the instances walk
-// a longer row in several round trips); the one-pass kernels and the wide one take one row per CTA
+// under the 3-D grid is at most that: split_plan; under the batch schedule combine_pieces_kernel
+// cuts a longer row into pieces); the one-pass kernels and the wide one take one row per CTA
 template <bool PL>
 cudaError_t launch_any(const Params& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;

@@ -95,6 +95,14 @@ __device__ __forceinline__ float4 load_part4(const part_t* src) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// A load from the workspace; CG: past L1 (ld.global.cg), for what other CTAs of this grid wrote
+// (combine_pieces_kernel's chunk results).
+template <bool CG, typename T>
+__device__ __forceinline__ T load_ws(const T* src) {
+  if constexpr (CG) return __ldcg(src);
+  else return *src;
+}
+
 // o += wt x the 8 bf16 columns in raw (one 16-byte load of a partial), in fp32.
 __device__ __forceinline__ void add_weighted8(float (&o)[8], float wt, const uint4& raw) {
   const uint32_t w4[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -113,8 +121,7 @@ __device__ __forceinline__ void add_weighted8(float (&o)[8], float wt, const uin
 // no load waits for a weight: one round trip to memory for all N), then merged in fp32 against
 // the running maximum mx: o = the sum of exp(lse - mx) x partial and sum = the sum of
 // exp(lse - mx), both rescaled when mx moves and 0 while no split has a visible key (mx -inf).
-// CG: the loads bypass L1 (ld.global.cg), for partials other CTAs of this grid wrote (the
-// pieces' chunk results, combine_pieces_kernel).
+// CG: the loads bypass L1 (load_ws).
 template <int N, bool CG = false>
 __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int step,
                                               int S, float (&o)[8], float& mx, float& sum) {
@@ -124,13 +131,8 @@ __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, in
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int s = s0 + u * step;
-    if constexpr (CG) {
-      raw[u] = s < S ? __ldcg(reinterpret_cast<const uint4*>(base + s * stride * DV)) : make_uint4(0u, 0u, 0u, 0u);
-      ls[u] = s < S ? __ldcg(p.lse_part + slot0 + s * stride) : -CUDART_INF_F;
-    } else {
-      raw[u] = s < S ? *reinterpret_cast<const uint4*>(base + s * stride * DV) : make_uint4(0u, 0u, 0u, 0u);
-      ls[u] = s < S ? p.lse_part[slot0 + s * stride] : -CUDART_INF_F;
-    }
+    raw[u] = s < S ? load_ws<CG>(reinterpret_cast<const uint4*>(base + s * stride * DV)) : make_uint4(0u, 0u, 0u, 0u);
+    ls[u] = s < S ? load_ws<CG>(p.lse_part + slot0 + s * stride) : -CUDART_INF_F;
   }
   float m = mx;  // the running maximum (-inf before the first chunk, when o and sum are 0)
 #pragma unroll
@@ -152,9 +154,8 @@ __device__ __forceinline__ void merge_splits8(const Params& p, int64_t slot0, in
 // Splits s0 .. s0 + N - 1 (those below S) of a row merged afresh into (o, mx, sum), as
 // merge_splits8 does, but with the LSEs spread over the warp's lanes (lane u loads split s0 + u's
 // and the weights reach the other lanes by shuffle): N - 1 registers fewer per thread, which keeps
-// the pieces' instances within the narrow kernel's caps. CG: the loads bypass L1, for partials
-// other CTAs of this grid wrote (combine_pieces_kernel's chunk results). Every lane of the warp
-// calls it.
+// the pieces' instances within the narrow kernel's caps. CG: the loads bypass L1 (load_ws).
+// Every lane of the warp calls it.
 template <int N, bool CG>
 __device__ __forceinline__ void merge_chunk8(const Params& p, int64_t slot0, int64_t stride, int c, int s0, int S,
                                              float (&o)[8], float& mx, float& sum) {
@@ -165,10 +166,10 @@ __device__ __forceinline__ void merge_chunk8(const Params& p, int64_t slot0, int
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const uint4* src = reinterpret_cast<const uint4*>(base + (s0 + u) * stride * DV);
-    raw[u] = s0 + u < S ? (CG ? __ldcg(src) : *src) : make_uint4(0u, 0u, 0u, 0u);
+    raw[u] = s0 + u < S ? load_ws<CG>(src) : make_uint4(0u, 0u, 0u, 0u);
   }
   const float* lsrc = p.lse_part + slot0 + (s0 + lane) * stride;
-  const float ls = lane < N && s0 + lane < S ? (CG ? __ldcg(lsrc) : *lsrc) : -CUDART_INF_F;
+  const float ls = lane < N && s0 + lane < S ? load_ws<CG>(lsrc) : -CUDART_INF_F;
   float m = ls;
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));

@@ -104,12 +104,17 @@ int kdtree_device_config(int device, int32_t target, KdtreeConfig* out) {
   return KDTREE_OK;
 }
 
+namespace {
+// Bytes of the workspace's fp32 LSEs, and of its int32 arrival counters after them (one per
+// partial row each), rounded up to 256.
+int64_t lse_region_bytes(int64_t partial_rows) { return ((partial_rows * 4 + 255) / 256) * 256; }
+}  // namespace
+
 int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
   if (total_rows < 0 || num_splits < 1) return -1;
   if (num_splits == 1) return kdtree::WS_HEADER;
   const int64_t o = total_rows * num_splits * kdtree::DV * static_cast<int64_t>(sizeof(kdtree::part_t));
-  const int64_t l = ((total_rows * num_splits * 4 + 255) / 256) * 256;
-  return kdtree::WS_PARTS + o + 2 * l;  // the LSEs, then the combine's arrival counters (Params::plan_cnt)
+  return kdtree::WS_PARTS + o + 2 * lse_region_bytes(total_rows * num_splits);  // the LSEs, then Params::plan_cnt
 }
 
 int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
@@ -189,7 +194,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   p.plan_meta = reinterpret_cast<int2*>(ws + kdtree::WS_HEADER);
   p.o_part = reinterpret_cast<kdtree::part_t*>(ws + kdtree::WS_PARTS);
   p.lse_part = reinterpret_cast<float*>(p.o_part + rows * a->num_splits * kdtree::DV);  // after the partials (16-byte aligned)
-  p.plan_cnt = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(p.lse_part) + ((rows * a->num_splits * 4 + 255) / 256) * 256);
+  p.plan_cnt = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(p.lse_part) + lse_region_bytes(rows * a->num_splits));
   p.bs = a->bs;
   p.H = a->num_heads;
   p.max_n = a->max_n;
