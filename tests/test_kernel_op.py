@@ -492,7 +492,8 @@ def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
     ref, _ = reference.verify_attention_ref(*b.ref_args())
     ws = torch.full((lib.workspace_bytes(T * H, num_splits),), 0xFF, dtype=torch.uint8, device="cuda")
     ws[: op.WS_HEADER].zero_()
-    meta = ws[op.WS_HEADER : op.WS_HEADER + 8 * bs].view(torch.int32).view(bs, 2)  # Params::plan_meta
+    plan = op.workspace_layout(T * H, num_splits)["plan"]
+    meta = ws[plan : plan + 8 * bs].view(torch.int32).view(bs, 2)  # Params::plan_meta
     monkeypatch.delenv("KDTREE_SCHED", raising=False)
     out = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws, target=target).clone()
     assert [(sp, slot) for slot, sp in meta.cpu().tolist()] == want
