@@ -281,19 +281,25 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
 // The batch schedule's narrow combine: pieces of PIECE_SPLITS<MAXS> splits of a row, so that a
 // long row of a ragged batch is merged by many 64-thread groups at once instead of one walking
 // its splits (one 64k request among seven 1k ones: 57 splits, 8 round trips in a row on 16 of
-// the 132 SMs; docs/kernel-notes.md X5, Y1). Request b of S_b > 1 splits has
-// rows_b x ceil(S_b / K) pieces, chunk-major (consecutive groups take consecutive rows of one
-// chunk); the pieces of the batch are numbered request by request, and group g of CTA x takes
-// pieces 8x + g, 8x + g + 8 gridDim.x, ... (the grid is the 3-D grid's, T x H / 8 CTAs: a
-// uniform batch has one piece per row).
-// - A row of one chunk (S <= K): the piece merges it into O, as combine_narrow_kernel does.
-// - A row of C > 1 chunks: piece c merges splits cK .. cK + K - 1 and writes the result as the
-//   partial of split cK (normalised bf16 and its LSE: one more bf16 rounding, merged in fp32
-//   like any partial), then counts itself in on the row's counter (Params::plan_cnt, zeroed by
-//   the main kernel); the last of the C merges the chunk results, splits 0, K, 2K, ... (one
-//   round trip for C <= K), from L2.
+// the 132 SMs; docs/kernel-notes.md X5, Y1). Request b of S_b > 1 splits has C_b =
+// ceil(S_b / K) chunks a row. The work is cut in units of COMBINE_NARROW_ROWS groups, one
+// CTA's iteration, each unit of one request (a request's units are padded to whole units);
+// the units are numbered request by request and CTA x takes units x, x + gridDim.x, ...
+// - C = 1 (every row of a uniform batch): a unit holds 8 rows, one a group, each merged into O
+//   as combine_narrow_kernel does.
+// - 1 < C <= 8: a unit holds floor(8 / C) rows, a row's C chunks in consecutive groups of the
+//   CTA. Each group merges its chunk (fp32 o, maximum and sum) into shared memory; after a
+//   barrier the row's first group merges the C results and stores the row. No second round
+//   trip to memory: a version that wrote each chunk's result to the workspace, counted it in on
+//   an arrival counter and had the last group reload them from L2 cost ragged batches 3-4 us a
+//   call (docs/kernel-notes.md AA2).
+// - C > 8 (a row of more than 8 K splits): pieces of one chunk a group, chunk-major; piece c
+//   writes its result as the partial of split cK (normalised bf16 and its LSE), then counts
+//   itself in on the row's counter (Params::plan_cnt, zeroed by the main kernel); the last of
+//   the C merges the chunk results, splits 0, K, 2K, ..., from L2 (one round trip for C <= K,
+//   one result a round trip past that).
 // Before the wait each CTA reads every request's lengths (load_request: inputs only); after it,
-// their (slot, splits) pairs (plan_meta), and 128 threads scan the pieces into shared memory.
+// their (slot, splits) pairs (plan_meta), and 128 threads scan the units into shared memory.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
 template <int MAXS>
 constexpr int PIECE_SPLITS = MAXS == 2 ? 4 : 8;  // sm_120's ptxas spilled 6 B at 16 under the 128-register cap
@@ -304,26 +310,31 @@ constexpr int PIECE_SPLITS = MAXS == 2 ? 4 : MAXS == 4 ? 8 : MAXS;
 template <int MAXS>
 __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BLOCKS<MAXS>)
     combine_pieces_kernel(const Params p) {
-  constexpr int K = PIECE_SPLITS<MAXS>;
-  __shared__ int pfx[PLAN_MAX_BS + 1];  // the first piece of each request; pfx[PLAN_MAX_BS]: all
+  constexpr int K = PIECE_SPLITS<MAXS>, G = COMBINE_NARROW_ROWS;
+  __shared__ int pfx[PLAN_MAX_BS + 1];  // the first unit of each request; pfx[PLAN_MAX_BS]: all
   __shared__ int rows_s[PLAN_MAX_BS], qlo_s[PLAN_MAX_BS];
   __shared__ int2 meta_s[PLAN_MAX_BS];
   __shared__ int wsum[PLAN_MAX_BS / 32];
-  __shared__ int last_s[COMBINE_NARROW_ROWS];
-  const int tid = threadIdx.x, lane = tid & 31, grp = tid / 64, c = (tid % 64) * 8;
+  __shared__ int last_s[G];
+  __shared__ float4 part_s[G][2][64];  // 1 < C <= 8: each group's chunk result, o (8 per thread)
+  __shared__ float2 ms_s[G];           // and its (maximum, sum)
+  const int tid = threadIdx.x, lane = tid & 31, grp = tid / 64, gt = tid % 64, c = gt * 8;
   int rows = 0, qlo = 0;
   if (tid < p.bs) {  // (p.bs <= PLAN_MAX_BS: the host)
     const Request r = load_request(p, tid);
     if (!r.bad) { rows = r.N * p.H; qlo = r.qo_lo; }  // a malformed request: the main kernel flagged it
   }
   pdl_wait_primary();
-  int pieces = 0;
+  int units = 0;
   int2 m = make_int2(0, 1);
   if (rows > 0) {  // (plan_meta holds only the requests with rows)
     m = p.plan_meta[tid];
-    if (m.y > 1) pieces = rows * ((m.y + K - 1) / K);
+    if (m.y > 1) {
+      const int C = (m.y + K - 1) / K;
+      units = C == 1 ? (rows + G - 1) / G : C <= G ? (rows + G / C - 1) / (G / C) : (rows * C + G - 1) / G;
+    }
   }
-  int inc = pieces;  // inclusive scan over threads 0 .. PLAN_MAX_BS - 1
+  int inc = units;  // inclusive scan over threads 0 .. PLAN_MAX_BS - 1
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
     const int a = __shfl_up_sync(0xffffffffu, inc, d);
@@ -340,24 +351,69 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
     int off = 0;
 #pragma unroll
     for (int w = 0; w < PLAN_MAX_BS / 32; ++w) off += w < tid / 32 ? wsum[w] : 0;
-    pfx[tid] = off + inc - pieces;
+    pfx[tid] = off + inc - units;
     if (tid == PLAN_MAX_BS - 1) pfx[PLAN_MAX_BS] = off + inc;
   }
   __syncthreads();
   const int total = pfx[PLAN_MAX_BS];
   const uint32_t bar_id = 1 + grp, bar_n = 64;  // the group's named barrier (two warps)
   auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(bar_id), "r"(bar_n) : "memory"); };
-  for (int j = blockIdx.x * COMBINE_NARROW_ROWS + grp; j < total; j += gridDim.x * COMBINE_NARROW_ROWS) {
-    int b = 0, hi = p.bs - 1;  // the last request whose first piece is <= j (group-uniform)
+  for (int u = blockIdx.x; u < total; u += gridDim.x) {  // CTA-uniform
+    int b = 0, hi = p.bs - 1;  // the last request whose first unit is <= u
     while (b < hi) {
       const int mid = (b + hi + 1) >> 1;
-      if (pfx[mid] <= j) b = mid; else hi = mid - 1;
+      if (pfx[mid] <= u) b = mid; else hi = mid - 1;
     }
-    const int rb = rows_s[b], local = j - pfx[b], r = local % rb, ch = local / rb;
-    const int S = meta_s[b].y, C = (S + K - 1) / K;
+    const int rb = rows_s[b], S = meta_s[b].y, C = (S + K - 1) / K, local = u - pfx[b];
+    const bool in_cta = C > 1 && C <= G;  // CTA-uniform: a row's chunks in groups rr C .. rr C + C - 1
+    // this group's row r and chunk ch: of a unit of rows (1 < C <= 8), else one row (C = 1) or
+    // one chunk of a long row (C > 8, chunk-major) a group
+    int r, ch;
+    bool mine;  // group-uniform: false for a padded unit's idle group
+    if (in_cta) {
+      const int rr = grp / C;
+      ch = grp % C;
+      r = local * (G / C) + rr;
+      mine = rr < G / C && r < rb;
+    } else {
+      const int j = local * G + grp;
+      r = j % rb;
+      ch = j / rb;
+      mine = j < rb * C;
+    }
     const int64_t slot0 = static_cast<int64_t>(meta_s[b].x) + r;
     float o[8], mx, sum;
-    merge_chunk8<K, false>(p, slot0, rb, c, ch * K, S, o, mx, sum);
+    if (mine) merge_chunk8<K, false>(p, slot0, rb, c, ch * K, S, o, mx, sum);
+    if (in_cta) {
+      if (mine) {
+        part_s[grp][0][gt] = make_float4(o[0], o[1], o[2], o[3]);
+        part_s[grp][1][gt] = make_float4(o[4], o[5], o[6], o[7]);
+        if (gt == 0) ms_s[grp] = make_float2(mx, sum);
+      }
+      __syncthreads();
+      if (mine && ch == 0) {
+        float mt = -CUDART_INF_F;
+        for (int q = 0; q < C; ++q) mt = fmaxf(mt, ms_s[grp + q].x);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = 0.f;
+        sum = 0.f;
+        if (mt != -CUDART_INF_F) {
+#pragma unroll 1
+          for (int q = 0; q < C; ++q) {
+            const float2 ms = ms_s[grp + q];
+            const float wt = split_weight(ms.x, mt);  // 0 for a chunk with no visible key
+            const float4 a = part_s[grp + q][0][gt], a2 = part_s[grp + q][1][gt];
+            sum += wt * ms.y;
+            o[0] += wt * a.x; o[1] += wt * a.y; o[2] += wt * a.z; o[3] += wt * a.w;
+            o[4] += wt * a2.x; o[5] += wt * a2.y; o[6] += wt * a2.z; o[7] += wt * a2.w;
+          }
+        }
+        store_row8(p, c, o, sum, mt, static_cast<int64_t>(qlo_s[b]) * p.H + r);
+      }
+      __syncthreads();  // part_s is read before the next unit overwrites it
+      continue;
+    }
+    if (!mine) continue;
     if (C > 1) {
       // the chunk's result as split ch * K's partial, once every thread of the group has read
       // that split's LSE
@@ -386,7 +442,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
         mx = -CUDART_INF_F;
         sum = 0.f;
 #pragma unroll 1
-        for (int u = 0; u < C; ++u) merge_splits8<1, true>(p, slot0, cstride, c, u, 1, C, o, mx, sum);
+        for (int q = 0; q < C; ++q) merge_splits8<1, true>(p, slot0, cstride, c, q, 1, C, o, mx, sum);
       }
     }
     store_row8(p, c, o, sum, mx, static_cast<int64_t>(qlo_s[b]) * p.H + r);

@@ -512,14 +512,15 @@ def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
 @pytest.mark.parametrize("case", ["chunks", "past-k-squared"])
 def test_the_pieces_combine_merges_a_long_row_in_chunks(target, case):
     """The batch schedule's narrow combine (csrc/combine.cuh combine_pieces_kernel) cuts a long
-    row into chunks of op.piece_splits splits, merged by several groups at once, and the last
-    group to arrive merges the chunks' results. Each chunk counts itself in on its row's
-    counter, which the main kernel zeroed: after the call a row of C > 1 chunks holds C, a row
-    of one chunk 0. `chunks`: one 64k request among seven 1k ones (57 splits in 8 chunks, one
-    round trip for the last group); `past-k-squared`: 40 requests of 4 drafts x 16 heads, one of
-    them 64k (more chunks than a piece's splits: the last group walks them). The workspace
-    starts as 0xFF bytes past its header, so an unzeroed counter or an unwritten partial shows;
-    the output matches the reference."""
+    row into chunks of op.piece_splits splits, merged by several groups at once. A row of at
+    most op.COMBINE_GROUPS chunks has them in the groups of one CTA, which merge through shared
+    memory and leave the row's counter alone (0, as the main kernel zeroed it); a longer row's
+    chunks count themselves in on it and the last group to arrive merges their results, so
+    after the call it holds C. `chunks`: one 64k request among seven 1k ones (57 splits in 8
+    chunks: one CTA a row); `past-k-squared`: 40 requests of 4 drafts x 16 heads, one of them
+    64k (more chunks than a piece's splits: the counted path, whose last group walks them). The
+    workspace starts as 0xFF bytes past its header, so an unzeroed counter or an unwritten
+    partial shows; the output matches the reference."""
     from kdtree_engine.kernel import library
 
     _target_or_skip(target)
@@ -533,6 +534,7 @@ def test_the_pieces_combine_merges_a_long_row_in_chunks(target, case):
     k = op.piece_splits(num_splits)
     chunks = [-(-sp // k) for sp, _ in plan]
     assert chunks[0] > 1 and (chunks[0] > k) == (case == "past-k-squared"), (plan[0], k)
+    assert (chunks[0] > op.COMBINE_GROUPS) == (case == "past-k-squared"), (plan[0], op.COMBINE_GROUPS)
     lay = op.workspace_layout(T * H, num_splits)
     assert lay["end"] == lib.workspace_bytes(T * H, num_splits)
     ws = torch.full((lay["end"],), 0xFF, dtype=torch.uint8, device="cuda")
@@ -544,7 +546,8 @@ def test_the_pieces_combine_merges_a_long_row_in_chunks(target, case):
     for i, ((sp, slot), c) in enumerate(zip(plan, chunks, strict=True)):
         if sp > 1:
             rows = ns[i] * H
-            assert (cnt[slot : slot + rows] == (c if c > 1 else 0)).all(), (i, sp, c, cnt[slot : slot + rows].unique())
+            want = c if c > op.COMBINE_GROUPS else 0  # counted only past one CTA's groups
+            assert (cnt[slot : slot + rows] == want).all(), (i, sp, c, cnt[slot : slot + rows].unique())
     assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
 
 

@@ -122,6 +122,11 @@ def workspace_layout(total_rows: int, num_splits: int) -> dict[str, int]:
     return {"plan": WS_HEADER, "parts": parts, "lse": lse, "counters": lse + aligned, "end": lse + 2 * aligned}
 
 
+# Groups of 64 threads in a CTA of the batch schedule's narrow combine (csrc/combine.cuh
+# COMBINE_NARROW_ROWS): a row of at most this many chunks is merged within one CTA.
+COMBINE_GROUPS = 8
+
+
 def piece_splits(num_splits: int) -> int | None:
     """Splits one piece of the batch schedule's narrow combine merges (csrc/combine.cuh
     PIECE_SPLITS, sm_90's: the instance is the smallest of 2, 4, 8, 16 that holds the grid's
