@@ -78,9 +78,12 @@ for step in "$@"; do
                done ;;
     first-look) python3 tools/first_look.py ;;
     first-look-mma) KDTREE_KERNEL=mma python3 tools/first_look.py ;;
-    sanitize) # memcheck, racecheck, then synccheck (named barriers, __syncwarp) over the six cases in one process
+    sanitize) # memcheck, racecheck, then synccheck (named barriers, __syncwarp) over the six cases in one process;
+              # each tool's report is kept as /tmp/bench/sanitize-<tool>.txt (results.tgz), its summary line printed
               for tool in memcheck racecheck synccheck; do
-                timeout 240 compute-sanitizer --tool $tool --print-limit 20 python3 tools/sanitize_case.py
+                timeout 240 compute-sanitizer --tool $tool --print-limit 20 python3 tools/sanitize_case.py \
+                  > /tmp/bench/sanitize-$tool.txt 2>&1
+                echo "sanitize $tool: rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/bench/sanitize-$tool.txt | tail -1)"
               done ;;
     racecheck) # issue 16 (docs/kernel-notes.md, "Issue 16: racecheck and the hand-off of the row maxima"):
                # tools/racecheck_min.cu, the sm90 kernel's hand-off of the row maxima alone, built here with nvcc
