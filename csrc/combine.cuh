@@ -72,9 +72,15 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
 // After griddepcontrol.wait, under the batch schedule: the row's splits and the first partial
 // row of its request, as the request's first main-kernel CTA wrote them. False for a request of
 // one split (the main kernel wrote its rows).
+// With a step plan, the rows it was made for must be the request's (`rows`): a request whose
+// rows it does not cover (its lengths changed since the plan was made) sets KDTREE_ERR_PLAN.
+__device__ __forceinline__ void check_plan_rows(const Params& p, int b, int64_t rows) {
+  if (p.plan && reinterpret_cast<const int*>(p.plan + PLAN_ROWS_OFF)[b] != rows) report_error(p.err, KDTREE_ERR_PLAN);
+}
 template <bool PLANNED>
-__device__ __forceinline__ bool planned_row(const Params& p, int b, int& splits, int64_t& slot0) {
+__device__ __forceinline__ bool planned_row(const Params& p, int b, int& splits, int64_t& slot0, int64_t rows) {
   if (!PLANNED) return true;
+  if (threadIdx.x == 0) check_plan_rows(p, b, rows);
   const int2 m = p.plan_meta[b];
   splits = m.y;
   slot0 += m.x;
@@ -325,6 +331,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
     if (!r.bad) { rows = r.N * p.H; qlo = r.qo_lo; }  // a malformed request: the main kernel flagged it
   }
   pdl_wait_primary();
+  if (tid < p.bs) check_plan_rows(p, tid, rows);
   int units = 0;
   int2 m = make_int2(0, 1);
   if (rows > 0) {  // (plan_meta holds only the requests with rows)
@@ -464,7 +471,7 @@ __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p)
   int64_t slot0, stride;
   const bool owned = combine_row<PLANNED>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
-  if (!owned || !planned_row<PLANNED>(p, b, S, slot0)) return;  // uniform over the CTA
+  if (!owned || !planned_row<PLANNED>(p, b, S, slot0, stride)) return;  // uniform over the CTA
   const int tid = threadIdx.x, grp = tid / 64, t = tid % 64, c = t * 8;
   float o[8], gm, gsum;  // the group's splits grp, grp + G, ... merged against their maximum gm
   merge_row8<PASS, PLANNED>(p, slot0, stride, c, grp, G, S, o, gm, gsum);
@@ -511,7 +518,7 @@ __global__ void __launch_bounds__(COMBINE_WIDE_THREADS<G>) combine_wide_kernel(c
   int64_t slot0, stride;
   const bool owned = combine_row<PLANNED>(p, grow, tok, head, b, S, slot0, stride);  // inputs only: before the wait
   pdl_wait_primary();
-  if (!owned || !planned_row<PLANNED>(p, b, S, slot0)) return;  // uniform over the CTA
+  if (!owned || !planned_row<PLANNED>(p, b, S, slot0, stride)) return;  // uniform over the CTA
   if (!PLANNED) {  // (the 3-D grid's layout, spelled here: ptxas spilled it as combine_row's outputs on sm_120)
     slot0 = grow;
     stride = static_cast<int64_t>(p.T) * p.H;

@@ -98,6 +98,11 @@ struct Params {
   // combine's pieces of a long row count themselves in, and the last merges the chunks. In the
   // workspace, after the LSEs.
   int* plan_cnt;
+  // The step plan (KdtreeVerifyArgs::plan; NULL: each CTA derives its job, batch_plan): a
+  // header naming the shape it was made for, each CTA's job, and each request's rows (for the
+  // combine's check). Written by plan_kernel (plan.cu) in a KDTREE_PLAN_MAKE call, read by the
+  // main kernels after griddepcontrol.wait and by the combine after its own.
+  unsigned char* plan;
   float scale_log2;
 };
 
@@ -436,6 +441,44 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
   return job;
 }
 
+// The step plan's layout (Params::plan): PLAN_HDR_WORDS header words, then one int4 a CTA of the
+// budget (pack_job), then one int per request (its rows, 0 for a malformed one).
+constexpr int PLAN_MAGIC = 0x6b647033;  // "kdp3"
+constexpr int PLAN_HDR_WORDS = 8;       // magic, bs, H, max_n, T, num_splits, split_keys, split_budget
+constexpr int PLAN_JOBS_OFF = 32;
+constexpr int PLAN_ROWS_OFF = PLAN_JOBS_OFF + 16 * MAX_SPLITS;
+constexpr int PLAN_BYTES = PLAN_ROWS_OFF + 4 * PLAN_MAX_BS;
+static_assert(PLAN_HDR_WORDS * 4 <= PLAN_JOBS_OFF && PLAN_JOBS_OFF % 16 == 0, "the jobs are int4-aligned after the header");
+static_assert(PLAN_MAX_BS < 255 && MAX_SPLITS < 2048 && (1 << 24) > MAX_SPLITS * PLAN_BM, "pack_job's fields");
+static_assert(KDTREE_MAX_DRAFTS * KDTREE_MAX_HEADS < (1 << 20), "pack_job's rows field");
+// A job in one int4: x = (b + 1) | local << 8, y = splits | (rows + 1) << 11, z = per, w = slot.
+__device__ __forceinline__ int4 pack_job(const BatchJob& j) {
+  return make_int4((j.b + 1) | (j.local << 8), j.splits | ((j.rows + 1) << 11), j.per, j.slot);
+}
+__device__ __forceinline__ BatchJob unpack_job(int4 v) {
+  BatchJob j;
+  j.b = (v.x & 255) - 1;
+  j.local = v.x >> 8;
+  j.splits = v.y & 2047;
+  j.rows = (v.y >> 11) - 1;
+  j.per = v.z;
+  j.slot = v.w;
+  return j;
+}
+// The header a plan for this call's shape holds (plan_kernel writes it; the main kernels compare it).
+__device__ __forceinline__ int plan_header_word(const Params& p, int i) {
+  switch (i) {
+    case 0: return PLAN_MAGIC;
+    case 1: return p.bs;
+    case 2: return p.H;
+    case 3: return p.max_n;
+    case 4: return p.T;
+    case 5: return p.num_splits;
+    case 6: return p.split_keys;
+    default: return p.split_budget;
+  }
+}
+
 // A main kernel's CTA under the batch schedule: warp 0 derives the CTA's job (batch_plan) into
 // shared memory at job_s, the CTA meets at a barrier, and every thread reads it (the other warps
 // wait there: with every warp running the plan ptxas spilled and serialized the sm90 kernel's
@@ -445,7 +488,18 @@ __device__ __forceinline__ BatchJob batch_plan(const Params& p, int cta, int fin
 // griddepcontrol.wait has seen the previous call's combine finish). job.b < 0: the CTA has no work (uniform over the CTA).
 __device__ __forceinline__ BatchJob planned_job(const Params& p, BatchJob* job_s, int tid, int& rt, int& split) {
   if (tid < 32) {
-    const BatchJob j = batch_plan(p, blockIdx.x, -1);
+    BatchJob j;
+    bool derive = true;
+    if (p.plan) {  // the step plan: the header and this CTA's job in one round trip
+      const int4* pl = reinterpret_cast<const int4*>(p.plan);
+      const int4 h0 = pl[0], h1 = pl[1], v = pl[PLAN_JOBS_OFF / 16 + blockIdx.x];
+      derive = h0.x != plan_header_word(p, 0) || h0.y != plan_header_word(p, 1) || h0.z != plan_header_word(p, 2) ||
+               h0.w != plan_header_word(p, 3) || h1.x != plan_header_word(p, 4) || h1.y != plan_header_word(p, 5) ||
+               h1.z != plan_header_word(p, 6) || h1.w != plan_header_word(p, 7);
+      if (!derive) j = unpack_job(v);
+      else if (tid == 0 && blockIdx.x == 0) report_error(p.err, KDTREE_ERR_PLAN);  // made for another shape
+    }
+    if (derive) j = batch_plan(p, blockIdx.x, -1);
     if (tid == 0) *job_s = j;
     if (j.b >= 0 && j.local == 0) {  // warp 0 alone: in every warp, ptxas serialized the sm90 kernel's wgmma
       if (tid == 0) p.plan_meta[j.b] = make_int2(j.slot, j.splits);
@@ -503,6 +557,13 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int s
   if (r0 >= w.rows) return false;  // no such row tile for this request (combine skips it too)
   w.L = rq.L;
   w.KV = w.L + w.N;
+  if (PLANNED && p.plan) {  // the step plan's request: the lengths it was made from must be these
+    const int steps = max(1, (w.KV + p.split_keys - 1) / p.split_keys);  // (in int, as KV: an int64 division spilled the sm_120 tile)
+    if (job.rows != w.rows || (steps + job.per - 1) / job.per != job.splits) {
+      if (tid == 0) report_error(p.err, KDTREE_ERR_PLAN);
+      return false;
+    }
+  }
   const SplitPlan sp = PLANNED ? SplitPlan{job.splits, job.per} : split_plan(w.KV, p.num_splits, p.split_keys);
   if (split >= sp.splits) return false;  // a split this request does not need (split 0 always is)
   w.splits = sp.splits;

@@ -117,6 +117,8 @@ int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
   return kdtree::WS_PARTS + o + 2 * lse_region_bytes(total_rows * num_splits);  // the LSEs, then Params::plan_cnt
 }
 
+int64_t kdtree_plan_bytes(void) { return kdtree::PLAN_BYTES; }
+
 int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   kdtree::host::g_err[0] = '\0';
   if (!a) return fail(KDTREE_EINVAL, "args is NULL");
@@ -148,6 +150,15 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
     return fail(KDTREE_EINVAL, "workspace has %lld bytes, needs %lld", (long long)a->workspace_bytes,
                 (long long)need);
   auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  if (a->plan_mode != KDTREE_PLAN_NONE && a->plan_mode != KDTREE_PLAN_MAKE && a->plan_mode != KDTREE_PLAN_USE)
+    return fail(KDTREE_EINVAL, "plan_mode must be KDTREE_PLAN_NONE, _MAKE or _USE (0, 1, 2), got %d", a->plan_mode);
+  if (a->plan_mode != KDTREE_PLAN_NONE) {
+    if (!a->plan || !aligned16(a->plan))
+      return fail(KDTREE_EINVAL, "plan_mode %d needs a 16-byte aligned plan buffer, got %p", a->plan_mode, a->plan);
+    if (a->plan_bytes < kdtree::PLAN_BYTES)
+      return fail(KDTREE_EINVAL, "plan has %lld bytes, needs kdtree_plan_bytes() = %d", (long long)a->plan_bytes,
+                  kdtree::PLAN_BYTES);
+  }
   if (!aligned16(a->q) || (a->k_ext && !aligned16(a->k_ext)) || !aligned16(a->kv) || !aligned16(a->o) ||
       !aligned16(a->workspace))
     return fail(KDTREE_EINVAL, "q, k_ext, kv, o and workspace must be 16-byte aligned");
@@ -225,8 +236,14 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
     p.planned = !grid_forced && a->bs > 1 && a->num_splits > 1 && a->bs <= kdtree::PLAN_MAX_BS && budget > tiles;
     p.split_budget = p.planned ? static_cast<int>(budget) : 0;
   }
+  // the step plan: only the batch schedule has one (a call outside it neither makes nor reads it)
+  p.plan = p.planned && a->plan_mode != KDTREE_PLAN_NONE ? static_cast<unsigned char*>(a->plan) : nullptr;
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (p.plan && a->plan_mode == KDTREE_PLAN_MAKE) {
+    rc = kdtree::host::launch_plan(p, stream);
+    if (rc != KDTREE_OK) return rc;
+  }
   if (cfg.kernel == KDTREE_KERNEL_SM90) return kdtree::host::launch_sm90(p, cfg, stream);
   return kdtree::host::launch_mma(p, cfg, stream);
 }

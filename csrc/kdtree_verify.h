@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define KDTREE_ABI_VERSION 2
+#define KDTREE_ABI_VERSION 3  // 3: the step plan (KdtreeVerifyArgs::plan)
 
 #define KDTREE_HEAD_DIM 576
 #define KDTREE_V_DIM 512
@@ -38,6 +38,7 @@ extern "C" {
 #define KDTREE_ERR_KV_INDPTR 2   // kv_indptr not monotone or beyond kv_indices_len
 #define KDTREE_ERR_QO_INDPTR 4   // qo_indptr not monotone, beyond total_tokens, or N > max_n
 #define KDTREE_ERR_MASK 8        // a mask row would read beyond mask_len
+#define KDTREE_ERR_PLAN 16       // the step plan was made for another shape or other lengths (see plan_mode)
 
 // Which kernel runs (the kernel) and which shape of it (the tile) are two facts.
 #define KDTREE_KERNEL_SM90 1     // wgmma, FlashMLA's seesaw schedule (sm_90a only)
@@ -48,6 +49,19 @@ extern "C" {
 // Targets: what the configuration is chosen for.
 #define KDTREE_TARGET_NATIVE 0   // the device itself
 #define KDTREE_TARGET_SM120 120  // sm_120's limits on a CC >= 9.0 device (ignored on a real sm_120)
+
+// plan_mode of KdtreeVerifyArgs: the step plan. Under the batch schedule (bs > 1 with splits)
+// every main-kernel CTA finds its (request, row tile, split) from the step's lengths. The
+// plan is that schedule computed once per verify step by a small kernel and kept in a
+// caller-owned buffer that the step's other calls (the model's other layers, same batch,
+// same lengths) read with one load a CTA, as FlashMLA's calls read get_mla_metadata's output.
+// A call of another shape than the plan's derives its schedule itself and sets
+// KDTREE_ERR_PLAN; a CTA whose request's lengths differ from the plan's skips its work and
+// sets it too (its rows are then not written). Calls outside the batch schedule (bs 1, or a
+// batch that fills the GPU) neither make nor read a plan.
+#define KDTREE_PLAN_NONE 0   // derive the schedule in the call (plan unused)
+#define KDTREE_PLAN_MAKE 1   // compute the plan from this call's lengths into plan, then run from it
+#define KDTREE_PLAN_USE 2    // run from the plan a KDTREE_PLAN_MAKE call of this step made
 
 // Flags of kdtree_choose_config.
 #define KDTREE_CFG_HAS_SM90A 1   // the library holds sm_90a code
@@ -117,6 +131,12 @@ typedef struct KdtreeVerifyArgs {
   int32_t bs, num_heads, max_n, total_tokens, num_splits;
   float sm_scale;             // softmax scale, must be > 0
   int32_t target;             // KDTREE_TARGET_*
+
+  // The step plan (ABI 3; KDTREE_PLAN_*): kdtree_plan_bytes() bytes, 16-byte aligned, on the
+  // call's device; NULL (and plan_mode KDTREE_PLAN_NONE) for none.
+  int32_t plan_mode;
+  void* plan;
+  int64_t plan_bytes;
 } KdtreeVerifyArgs;
 
 int kdtree_abi_version(void);
@@ -136,6 +156,8 @@ int kdtree_device_config(int device, int32_t target, KdtreeConfig* out);
 // Workspace the call needs; the first 256 bytes are its header (the device error
 // word and the fast-path count) and must be zero when the workspace is first used.
 int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits);
+// Bytes of a step plan (KdtreeVerifyArgs::plan); the same for every shape.
+int64_t kdtree_plan_bytes(void);
 // Launch on `stream` (a cudaStream_t). Returns KDTREE_OK or an error code.
 int kdtree_verify_attn(const KdtreeVerifyArgs* args, void* stream);
 // Device error bits set by the calls on `workspace` since the last read; clears them

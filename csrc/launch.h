@@ -73,6 +73,9 @@ int launch_main(K kernel, int* allowed, const char* what, int block_rows, const 
   return launch_combine(p, stream);
 }
 
+// The step plan (plan.cu): the batch schedule of p.split_budget CTAs into p.plan.
+int launch_plan(const Params& p, cudaStream_t stream);
+
 int launch_mma(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream);
 int launch_sm90(const Params& p, const KdtreeConfig& cfg, cudaStream_t stream);
 

@@ -275,6 +275,17 @@ def test_splits_far_above_what_the_lengths_need(target, return_lse, case):
     assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0
 
 
+def _verify_graph(heads: int, n: int, max_bs: int, max_prefix: int, seed: int):
+    """A random bf16 pool on the GPU and the graph gate's fixed verify buffers over it."""
+    from kdtree_engine.graph.capture import Capacity, VerifyGraph
+
+    cap = Capacity(max_bs=max_bs, max_n=n, max_prefix_tokens=max_bs * max_prefix + max_bs, num_heads=heads,
+                   max_prefix_len=max_prefix)
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn((cap.max_prefix_tokens + 1, 1, 576), generator=gen).to(torch.bfloat16).to("cuda")
+    return pool, VerifyGraph(pool, cap, workloads.DEEPSEEK_SM_SCALE)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("target", ["native", "sm_120"])
@@ -284,17 +295,13 @@ def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
     buffers on the device. Every replay matches the reference: the short ones take few
     splits (a request of prefix 0 or 100 one, written without the combine), and a replay
     after a longer one never reads the partials its unused splits left in the workspace."""
-    from kdtree_engine.graph.capture import Capacity, VerifyGraph, capture_graph
+    from kdtree_engine.graph.capture import capture_graph
     from kdtree_engine.graph.gate import _step
 
     _target_or_skip(target)
-    heads, n, max_bs, max_prefix = 8, 16, 2, 6000
+    heads, n = 8, 16
     sm_scale = workloads.DEEPSEEK_SM_SCALE
-    cap = Capacity(max_bs=max_bs, max_n=n, max_prefix_tokens=max_bs * max_prefix + max_bs, num_heads=heads,
-                   max_prefix_len=max_prefix)
-    gen = torch.Generator().manual_seed(4)
-    pool = torch.randn((cap.max_prefix_tokens + 1, 1, 576), generator=gen).to(torch.bfloat16).to("cuda")
-    vg = VerifyGraph(pool, cap, sm_scale)
+    pool, vg = _verify_graph(heads, n, max_bs=2, max_prefix=6000, seed=4)
 
     def call() -> None:  # no max_prefix_len and no prefix_lens_cpu: what the plugin passes under capture
         op.verify_attention(vg.q, vg.k_ext, vg.kv_buffer, vg.qo_indptr, vg.kv_indptr, vg.kv_indices, vg.custom_mask,
@@ -581,3 +588,177 @@ def test_the_batch_schedule_model_keeps_uniform_counts_and_fits_its_budget():
     assert plan[0][0] > choose_num_splits(8, 16, 8, 132, op.PLAN_BM) and all(s == 1 for s, _ in plan[1:])
     assert sum(2 * s for s, _ in plan) <= 128
     assert [slot for _, slot in plan[1:]] == [plan[0][0] * 16 * 8] * 7
+
+
+# --- the step plan (op.VerifyPlan, csrc/plan.cu) -------------------------------------------
+
+
+def test_plan_arguments_are_checked_before_anything_runs():
+    """make_plan needs a plan, plan must be a VerifyPlan, make_plan a bool; nothing launches
+    (a CPU batch: the checks come before the device is needed)."""
+    a = _args(_batch())
+    with pytest.raises(VerifyArgumentError, match="'plan': expected a VerifyPlan to make"):
+        op.verify_attention(**a, make_plan=True)
+    with pytest.raises(VerifyArgumentError, match="'plan': expected a VerifyPlan or None, got bytes"):
+        op.verify_attention(**a, plan=b"plan")
+    with pytest.raises(VerifyArgumentError, match="'make_plan': expected a bool, got 1"):
+        op.verify_attention(**a, make_plan=1)
+
+
+def _unpack_jobs(plan: op.VerifyPlan, budget: int) -> list[tuple[int, int, int, int]]:
+    """(b, local, splits, rows) of each CTA's job in the plan buffer (csrc/common.cuh pack_job)."""
+    jobs = plan.buffer[32 : 32 + 16 * budget].view(torch.int32).view(budget, 4).cpu().tolist()
+    return [((x & 255) - 1, x >> 8, y & 2047, (y >> 11) - 1) for x, y, _, _ in jobs]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_a_plan_made_once_runs_the_steps_calls_like_the_derived_schedule(monkeypatch, target):
+    """The plan kernel writes every CTA's job: request by request, row tile fastest, each
+    request's row tiles x splits of op.batch_plan; a call that reads it leaves the same
+    (slot, splits) pairs for the combine as a call that derives its schedule, and the same
+    output, bit for bit. The workspaces start as 0xFF bytes past their headers."""
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    monkeypatch.delenv("KDTREE_SCHED", raising=False)
+    lib = library.load()
+    lens, ns, H = [20000, 300, 0, 1000, 300, 2500], [16, 16, 5, 16, 1, 9], 8
+    b, num_splits, want = _planned_batch(lib, target, lens, ns, H, seed=41)
+    T, bs = b.q.shape[0], len(lens)
+    ref, _ = reference.verify_attention_ref(*b.ref_args())
+    stream = torch.cuda.current_stream().cuda_stream
+    lay = op.workspace_layout(T * H, num_splits)
+
+    def workspace() -> torch.Tensor:
+        ws = torch.full((lay["end"],), 0xFF, dtype=torch.uint8, device="cuda")
+        ws[: op.WS_HEADER].zero_()
+        return ws
+
+    def meta(ws: torch.Tensor) -> list[tuple[int, int]]:
+        return [(sp, slot) for slot, sp in ws[lay["plan"] : lay["plan"] + 8 * bs].view(torch.int32).view(bs, 2).cpu().tolist()]
+
+    ws0 = workspace()
+    derived = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws0, target=target).clone()
+    plan = op.VerifyPlan()
+    ws1 = workspace()
+    made = op.verify_attention(*b.kernel_args(), num_splits=num_splits, workspace=ws1, target=target, plan=plan,
+                               make_plan=True).clone()
+    assert plan.key == (op.TARGETS[target], bs, H, max(ns), T, num_splits)
+    ws2 = workspace()
+    used = op.verify_attention(*b.kernel_args(), workspace=ws2, target=target, plan=plan)
+    assert meta(ws0) == meta(ws1) == meta(ws2) == want
+    assert torch.equal(made, derived) and torch.equal(used, derived)
+    assert compare.compare(used, ref).passed
+    budget = op.split_budget(bs, T * H, num_splits, torch.cuda.get_device_properties(0).multi_processor_count,
+                             bs * -(-max(ns) * H // op.PLAN_BM))
+    expect = []
+    for i, (sp, _) in enumerate(want):
+        rows = ns[i] * H
+        expect += [(i, j, sp, rows) for j in range(-(-rows // op.PLAN_BM) * sp)] if rows else []
+    jobs = _unpack_jobs(plan, budget)
+    assert jobs[: len(expect)] == expect and all(j[0] == -1 for j in jobs[len(expect) :])
+    for ws in (ws0, ws1, ws2):
+        assert lib.read_device_error(ws.data_ptr(), stream) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_plan_of_another_shape_is_refused_before_launch():
+    """The host keeps the making call's shape: a call of another shape (or before any making
+    call) is refused, naming the plan and both shapes, and its output is left alone."""
+    b = workloads.make_batch([3000, 500], [16, 16], 8, seed=43, device="cuda")
+    other = workloads.make_batch([3000, 500, 10], [16, 16, 16], 8, seed=44, device="cuda")
+    plan = op.VerifyPlan()
+    out = torch.full((32, 8, 512), 3.0, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(VerifyArgumentError, match=r"'plan': .*got one made for nothing \(never made\)"):
+        op.verify_attention(*b.kernel_args(), out=out, plan=plan)
+    op.verify_attention(*other.kernel_args(), plan=plan, make_plan=True)
+    with pytest.raises(VerifyArgumentError, match=r"'plan': .*bs=2 .*got one made for bs=3 "):
+        op.verify_attention(*b.kernel_args(), out=out, plan=plan)
+    with pytest.raises(VerifyArgumentError, match=r"'num_splits': expected the plan's"):
+        op.verify_attention(*other.kernel_args(), plan=plan, num_splits=plan.key[5] + 1)
+    assert bool((out == 3.0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_a_plan_read_with_other_lengths_sets_the_plan_bit(monkeypatch, target):
+    """The lengths live on the device: a call of the plan's shape whose lengths differ from the
+    making call's reads a schedule made for others. Its CTAs compare their request's rows and
+    splits with their job's and skip a mismatch, the combine compares each request's rows, and
+    both set KDTREE_ERR_PLAN (16), which KDTREE_DEBUG=1 raises. A plan whose header names
+    another shape (written over here: the host refuses such a call) is not read at all: the call
+    derives its schedule, sets the bit, and its output is right."""
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    monkeypatch.delenv("KDTREE_DEBUG", raising=False)
+    monkeypatch.delenv("KDTREE_SCHED", raising=False)
+    lib = library.load()
+    stream = torch.cuda.current_stream().cuda_stream
+    a = workloads.make_batch([9000, 300, 2000], [16, 16, 16], 8, seed=45, device="cuda")
+    b = workloads.make_batch([300, 9000, 2000], [16, 16, 16], 8, seed=46, device="cuda")
+    plan = op.VerifyPlan()
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    ns = choose_num_splits(3, 16, 8, sm, op.PLAN_BM)
+    ws = torch.zeros(lib.workspace_bytes(48 * 8, ns), dtype=torch.uint8, device="cuda")
+    op.verify_attention(*a.kernel_args(), plan=plan, make_plan=True, workspace=ws, num_splits=ns, target=target)
+    assert lib.read_device_error(ws.data_ptr(), stream) == 0
+    op.verify_attention(*b.kernel_args(), plan=plan, workspace=ws, target=target)
+    assert lib.read_device_error(ws.data_ptr(), stream) == 16
+    monkeypatch.setenv("KDTREE_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="step plan was made for another batch shape or other lengths"):
+        op.verify_attention(*b.kernel_args(), plan=plan, workspace=ws, target=target)
+    monkeypatch.delenv("KDTREE_DEBUG")
+    plan.buffer[4:8].view(torch.int32).fill_(4)  # the header's bs: a plan for 4 requests
+    out = op.verify_attention(*a.kernel_args(), plan=plan, workspace=ws, target=target)
+    assert lib.read_device_error(ws.data_ptr(), stream) == 16
+    ref, _ = reference.verify_attention_ref(*a.ref_args())
+    assert compare.compare(out, ref).passed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target", ["native", "sm_120"])
+def test_a_captured_step_plans_from_the_lengths_each_replay_replays(target):
+    """As the SGLang plugin runs a step under CUDA-graph capture: the first layer's call makes
+    the plan (its plan kernel is captured with it), the second layer's reads it. Replays with
+    other lengths written into the same buffers match the reference in both layers, with no
+    plan error: each replay planned from its own lengths."""
+    from kdtree_engine.graph.capture import capture_graph
+    from kdtree_engine.graph.gate import _step
+    from kdtree_engine.kernel import library
+
+    _target_or_skip(target)
+    heads, n = 8, 16
+    sm_scale = workloads.DEEPSEEK_SM_SCALE
+    pool, vg = _verify_graph(heads, n, max_bs=3, max_prefix=6000, seed=5)
+    plan = op.VerifyPlan()
+    out2 = torch.empty_like(vg.out)
+
+    def step() -> None:  # two layers of one verify step, no host hint
+        for out, make in ((vg.out, True), (out2, False)):
+            op.verify_attention(vg.q, vg.k_ext, vg.kv_buffer, vg.qo_indptr, vg.kv_indptr, vg.kv_indices,
+                                vg.custom_mask, vg.mask_indptr, sm_scale, n, out=out, target=target, plan=plan,
+                                make_plan=make)
+
+    vg.load(_step(pool, [1000, 1000, 1000], n, heads, "eagle", 1, sm_scale))
+    graph, _ = capture_graph(step)
+    lib = library.load()
+    for i, lens in enumerate(([6000, 100, 2000], [0, 5000, 5000], [300, 300, 300], [6000, 6000, 1])):
+        b = _step(pool, lens, n, heads, "eagle", 20 + i, sm_scale)
+        vg.load(b)
+        vg.out.fill_(float("nan"))
+        out2.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference.verify_attention_ref(*b.ref_args())
+        T = b.bs * n
+        for o in (vg.out, out2):
+            d = compare.compare(o[:T], ref)
+            assert d.passed, (lens, d)
+    ws = op._workspaces.get(vg.q.device, 0)
+    assert lib.read_device_error(ws.data_ptr(), torch.cuda.current_stream().cuda_stream) == 0

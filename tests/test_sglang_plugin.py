@@ -253,11 +253,12 @@ def runtime_on(monkeypatch, fake_library):
     launched = []
 
     def run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
-            sm_scale, max_n, num_splits, max_prefix_len, target=0, draft_slots=None):
+            sm_scale, max_n, num_splits, max_prefix_len, target=0, draft_slots=None, plan=None, make_plan=False):
         launched.append(dict(q=q, k_ext=k_ext, draft_slots=draft_slots, kv_buffer=kv_buffer, qo_indptr=qo_indptr,
                              kv_indptr=kv_indptr,
                              kv_indices=kv_indices, custom_mask=custom_mask, mask_indptr=mask_indptr, out=out,
-                             sm_scale=sm_scale, max_n=max_n, max_prefix_len=max_prefix_len))
+                             sm_scale=sm_scale, max_n=max_n, max_prefix_len=max_prefix_len, plan=plan,
+                             make_plan=make_plan))
         out.fill_(1.5)
 
     monkeypatch.setattr(op, "_run", run)
@@ -306,6 +307,58 @@ def test_verify_call_saves_kv_like_sglang_and_returns_sglangs_output_layout(runt
     assert a["max_n"] == N and a["sm_scale"] == pytest.approx(576**-0.5)
     assert a["max_prefix_len"] == 5  # from SGLang's seq_lens_cpu hint
     assert plugin.status()["kernel_calls"] == 1
+
+
+class _Meta(SimpleNamespace):
+    """A forward_metadata that takes weak references, as SGLang's ForwardMetadata dataclass does."""
+
+
+def test_sglangs_forward_metadata_takes_weak_references():
+    """The plugin keys a step's plan on the step's forward_metadata by weak reference."""
+    from sglang.srt.layers.attention.triton_backend import ForwardMetadata
+
+    assert ForwardMetadata.__weakrefoffset__ != 0
+
+
+def test_the_first_call_of_a_step_makes_the_plan_and_the_other_layers_read_it(runtime_on, monkeypatch):
+    """One plan per backend; a new forward_metadata (SGLang builds one per step) makes it again."""
+    from kdtree_engine.kernel import op
+
+    made = []
+
+    class FakePlan:
+        def __init__(self, device):
+            self.device = torch.device(device)
+            made.append(self)
+
+    monkeypatch.setattr(op, "VerifyPlan", FakePlan)
+    monkeypatch.setattr(plugin.fallback, "library_status",
+                        lambda: (True, "", SimpleNamespace(**vars(FAKE_LIB), has_plan=True)))
+    plugin._runtime.reset()
+    monkeypatch.setattr(plugin._runtime, "device_ok", lambda device: (True, ""))
+    backend, q, k, v, layer, fb = make_verify()
+    backend.forward_metadata = _Meta(**vars(backend.forward_metadata))
+    for _ in range(3):  # three layers of one step
+        plugin.verify_hook(Original(), backend, q, k, v, layer, fb)
+    backend.forward_metadata = _Meta(**vars(backend.forward_metadata))  # the next step
+    plugin.verify_hook(Original(), backend, q, k, v, layer, fb)
+    plugin.verify_hook(Original(), backend, q, k, v, layer, fb)
+    assert [a["make_plan"] for a in runtime_on] == [True, False, False, True, False]
+    assert len(made) == 1 and all(a["plan"] is made[0] for a in runtime_on)
+
+
+def test_no_plan_without_a_plan_library_or_a_weakly_referenced_step(runtime_on, monkeypatch):
+    """A library of an older ABI, or a metadata object without weak references: the kernel
+    derives its schedule in every call (no plan, nothing refused)."""
+    backend, q, k, v, layer, fb = make_verify()  # FAKE_LIB has no has_plan
+    plugin.verify_hook(Original(), backend, q, k, v, layer, fb)
+    monkeypatch.setattr(plugin.fallback, "library_status",
+                        lambda: (True, "", SimpleNamespace(**vars(FAKE_LIB), has_plan=True)))
+    plugin._runtime.reset()
+    monkeypatch.setattr(plugin._runtime, "device_ok", lambda device: (True, ""))
+    plugin.verify_hook(Original(), backend, q, k, v, layer, fb)  # SimpleNamespace metadata: no weakref
+    assert [(a["plan"], a["make_plan"]) for a in runtime_on] == [(None, False), (None, False)]
+    assert plugin.status()["kernel_calls"] == 1 and plugin.status()["fallbacks"] == {}
 
 
 def test_a_batch_the_checks_refuse_falls_back_after_the_kv_write(runtime_on):

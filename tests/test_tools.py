@@ -85,7 +85,7 @@ def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monk
     (["--alone"], ()),
     (["--side-by-side", ""], ()),
     (["--side-by-side", "ours"], ("ours",)),
-    ([], ("ours", "ours-sm120")),  # the bench's group
+    ([], ("ours", "ours-make", "ours-sm120")),  # the bench's group
 ])
 def test_ab_bench_alone_is_an_empty_side_by_side_group(monkeypatch, argv, together):
     """--alone is --side-by-side "": no interleaved group, every system timed alone."""

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python3 tools/sanitize_case.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py 2   (the third case alone)
 
-With case indices (0-5) as arguments, only those cases run, one launch set each and a
+Each case runs three times: deriving its schedule, making a step plan (csrc/plan.cu), and reading
+that plan (a library without plans: once). With case indices (0-5) as arguments, only those cases run, one launch set each and a
 synchronisation after each, so that a report can be told to its case (tools/gpu_session.sh,
 step racecheck, runs one process per case).
 """
@@ -13,7 +14,7 @@ import sys
 import torch
 
 from kdtree_engine.kernel import library
-from kdtree_engine.kernel.op import verify_attention
+from kdtree_engine.kernel.op import VerifyPlan, verify_attention
 from kdtree_engine.oracle import workloads
 
 # (prefix lengths, drafts per request, heads, splits, layout); the last case's slots are contiguous:
@@ -32,6 +33,10 @@ for i in picked:
     lens, ns, h, splits, layout = CASES[i]
     b = workloads.make_batch(lens, ns, h, tree="eagle", seed=5, device="cuda", layout=layout)
     verify_attention(*b.kernel_args(), num_splits=splits, return_lse=True)
+    if lib.has_plan:  # the plan kernel, then a call that reads the plan (calls outside the batch schedule ignore it)
+        plan = VerifyPlan()
+        verify_attention(*b.kernel_args(), num_splits=splits, return_lse=True, plan=plan, make_plan=True)
+        verify_attention(*b.kernel_args(), return_lse=True, plan=plan)
     torch.cuda.synchronize()
     print(f"sanitize_case: case {i} done (lens {lens}, drafts {ns}, heads {h}, splits {splits}, {layout})")
 print("sanitize_case: done")

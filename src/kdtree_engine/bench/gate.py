@@ -43,13 +43,14 @@ DEVICE = "cuda"
 #: seconds of timing per (system, case, mask) and mode (replay, eager)
 MEASURE_BUDGET_S = 0.25
 #: systems whose graph replays of one case are timed side by side, in interleaved rounds
-#: (timing.time_replays): the owned kernel's two systems, whose ratios the targets take within
-#: a few percent (tree against chain, the sm_120 emulation against the Hopper kernel). Every
+#: (timing.time_replays): the owned kernel's systems, whose ratios the targets take within
+#: a few percent (tree against chain, the sm_120 emulation against the Hopper kernel, the step
+#: plan made in the call against read). Every
 #: peer is timed alone, after them. FlashMLA too: its replays interleaved with ours' read
 #: 4-11% slower than alone (bs1 N16 H8 64k 53.1-53.3 -> 58.9-59.5 us, bs32 N8 H16 8k
 #: 127.6-127.7 -> 132.4-132.9) while ours did not move, for a reason not found; alone is
 #: FlashMLA's faster figure, so ours / FlashMLA is not flattered (docs/kernel-notes.md, L3).
-SIDE_BY_SIDE = ("ours", "ours-sm120")
+SIDE_BY_SIDE = ("ours", "ours-make", "ours-sm120")
 
 
 def _say(msg: str) -> None:

@@ -14,7 +14,11 @@ host synchronisation of their own, so they can be captured in a CUDA graph
 - ``ours``: :func:`kdtree_engine.kernel.op.verify_attention` with ``out=``
   preallocated and the ``max_prefix_len`` host hint, the batch's longest prefix (none
   for a case built with ``hint=False``: ``batch.meta["hint"]``, as the SGLang plugin
-  under graph capture).
+  under graph capture). Where the batch takes the batch schedule, the step plan
+  (:class:`~kdtree_engine.kernel.op.VerifyPlan`) is made once in ``prepare``, outside the
+  timed calls, and every timed call reads it: the model's layers after the step's first, as
+  FlashMLA's calls read the metadata ``get_mla_metadata`` made once (``flashmla`` below).
+  ``ours-make`` makes it again in every call (the step's first layer: what the plan kernel adds).
 - ``sglang-extend``: SGLang's ``extend_attention_fwd``, called as
   ``TritonAttnBackend.forward_extend`` calls it for TARGET_VERIFY
   (docs/design.md section 5): q [T,H,576], k = k_ext [T,1,576], v = k_ext[..., :512], o,
@@ -102,18 +106,37 @@ class Ours(Peer):
             return f"{type(e).__name__}: {e}"
         return None
 
+    #: make the step plan in every timed call (the step's first layer) instead of once in prepare
+    make_each_call = False
+
     def prepare(self, batch: workloads.Batch) -> Runner:
-        from kdtree_engine.kernel.op import verify_attention
+        from kdtree_engine.kernel import library
+        from kdtree_engine.kernel.op import VerifyPlan, verify_attention
 
         out = _nan_out(batch)
         args = batch.kernel_args()
         hint = max(batch.prefix_lens, default=0) if batch.meta.get("hint", True) else None
         target = self.target
+        # an ABI 2 library (an A/B run against an older build) takes no plan
+        plan = VerifyPlan(out.device) if out.is_cuda and library.load().has_plan else None
+        make = self.make_each_call
+        if plan is not None and not make:  # once, as the step's first layer would
+            verify_attention(*args, out=out, max_prefix_len=hint, target=target, plan=plan, make_plan=True)
+            out.fill_(float("nan"))  # the timed calls must write every element themselves
 
         def run() -> torch.Tensor:
-            return verify_attention(*args, out=out, max_prefix_len=hint, target=target)
+            return verify_attention(*args, out=out, max_prefix_len=hint, target=target, plan=plan,
+                                    make_plan=make and plan is not None)
 
         return run
+
+
+class OursMakePlan(Ours):
+    """``ours`` with the step plan made in every call: the step's first layer."""
+
+    name = "ours-make"
+    label = "ours (plan made in the call)"
+    make_each_call = True
 
 
 class OursSM120(Ours):
@@ -259,4 +282,4 @@ class FlashMLA(Peer):
         return run
 
 
-PEERS: dict[str, Peer] = {p.name: p for p in (Ours(), OursSM120(), SGLangExtend(), SGLangSplitKV(), FlashMLA())}
+PEERS: dict[str, Peer] = {p.name: p for p in (Ours(), OursMakePlan(), OursSM120(), SGLangExtend(), SGLangSplitKV(), FlashMLA())}

@@ -49,6 +49,9 @@ def prefix_lens_of(bs: int, prefix: int, prefixes: Sequence[int] | None) -> tupl
 #: the sm_120 emulation (``target="sm_120"``): the kernel and tile an RTX PRO 6000
 #: Blackwell runs, under its limits, on the GPU at hand (no sm_120 GPU is available here)
 SYSTEMS = ("ours", "ours-sm120", "sglang-extend", "sglang-splitkv", "flashmla")
+#: systems ``--systems`` may name that no suite runs by default: ``ours-make`` is ``ours`` with
+#: the step plan made in every call (the step's first layer; bench.peers)
+EXTRA_SYSTEMS = ("ours-make",)
 MASKS = ("tree", "chain")
 FRAG_LAYOUTS = ("contiguous", "runs256", "runs64", "runs16", "fragmented")
 
@@ -268,9 +271,10 @@ def parse_systems(text: str | None, suite: Suite) -> tuple[str, ...]:
     if text is None:
         return suite.systems
     want = [s.strip() for s in text.split(",") if s.strip()]
+    known = SYSTEMS + EXTRA_SYSTEMS
     if not want:
-        raise ValueError(f"--systems: expected a comma list of {', '.join(SYSTEMS)}, got {text!r}")
-    bad = [s for s in want if s not in SYSTEMS]
+        raise ValueError(f"--systems: expected a comma list of {', '.join(known)}, got {text!r}")
+    bad = [s for s in want if s not in known]
     if bad:
-        raise ValueError(f"--systems: unknown system(s) {', '.join(bad)}; expected some of {', '.join(SYSTEMS)}")
-    return tuple(s for s in SYSTEMS if s in want)
+        raise ValueError(f"--systems: unknown system(s) {', '.join(bad)}; expected some of {', '.join(known)}")
+    return tuple(s for s in known if s in want)

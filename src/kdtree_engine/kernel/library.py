@@ -13,7 +13,10 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
+#: ABI 2 libraries (before the step plan) still load, for A/B runs against older builds: their
+#: argument struct is ABI 3's without its last fields, and ``Library.has_plan`` is False.
+OLDEST_ABI = 2
 LIB_NAME = "libkdtree_verify.so"
 
 OK, EINVAL, ECUDA, ENOARCH = 0, 1, 2, 3
@@ -22,6 +25,8 @@ ERR_BITS = {
     2: "kv_indptr is not monotone or runs past kv_indices",
     4: "qo_indptr is not monotone, runs past the token count, or a request has more drafts than max_n",
     8: "a request's mask rows run past the end of custom_mask (mask_indptr or prefix lengths wrong)",
+    16: "the step plan was made for another batch shape or other lengths than this call's (make it again "
+        "with make_plan=True on the step's first call)",
 }
 
 
@@ -65,7 +70,15 @@ class KdtreeVerifyArgs(ctypes.Structure):
         ("num_splits", ctypes.c_int32),
         ("sm_scale", ctypes.c_float),
         ("target", ctypes.c_int32),
+        # ABI 3: the step plan
+        ("plan_mode", ctypes.c_int32),
+        ("plan", ctypes.c_void_p),
+        ("plan_bytes", ctypes.c_int64),
     ]
+
+
+#: plan_mode values (KDTREE_PLAN_*)
+PLAN_NONE, PLAN_MAKE, PLAN_USE = 0, 1, 2
 
 
 #: kernels, tiles and targets of csrc/kdtree_verify.h
@@ -220,10 +233,20 @@ class Library:
             lib.kdtree_read_fast_path_boxes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
             lib.kdtree_read_fast_path_boxes.restype = ctypes.c_int
         abi = lib.kdtree_abi_version()
-        if abi != ABI_VERSION:
+        if not OLDEST_ABI <= abi <= ABI_VERSION:
             raise KernelLibraryError(
-                f"kernel library {self.path} speaks ABI {abi}, this binding speaks {ABI_VERSION}; rebuild it"
+                f"kernel library {self.path} speaks ABI {abi}, this binding speaks {OLDEST_ABI}..{ABI_VERSION}; "
+                "rebuild it"
             )
+        #: the ABI the library speaks (the argument struct's abi_version)
+        self.abi = abi
+        #: whether it takes a step plan (ABI 3)
+        self.has_plan = abi >= 3
+        if self.has_plan:
+            lib.kdtree_plan_bytes.restype = ctypes.c_int64
+            self.plan_bytes = int(lib.kdtree_plan_bytes())
+        else:
+            self.plan_bytes = 0
         self._lib = lib
         self.archs = lib.kdtree_build_info().decode()
         self._configs: dict[tuple[int, int], KdtreeConfig] = {}

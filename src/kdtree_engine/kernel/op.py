@@ -179,6 +179,54 @@ class Shapes:
     pool_size: int
 
 
+class VerifyPlan:
+    """A step plan: the batch schedule of one verify step, made by the step's first call
+    (``verify_attention(..., plan=plan, make_plan=True)``: a small kernel before that call's
+    own) and read by the step's other calls (``plan=plan``: the model's other layers, with
+    the same batch and the same lengths), as FlashMLA's calls read what its
+    ``get_mla_metadata`` made once per step. Each main-kernel CTA then reads its job with one
+    load instead of deriving it from every request's lengths (csrc/plan.cu).
+
+    The buffer (``buffer``, the library's kdtree_plan_bytes) lives on ``device``; the host
+    keeps the shape of the call that made it (``key``), and a call of another shape is refused
+    before anything launches. The lengths stay on the device: a call whose lengths differ from
+    the making call's sets the kernel's plan error bit (raised under ``KDTREE_DEBUG=1``) and
+    leaves the rows the plan does not cover unwritten, so make the plan again whenever the
+    batch's lengths change (each step). Calls that do not use the batch schedule (one request,
+    or a batch that fills the GPU) neither make nor read it. Under CUDA-graph capture the
+    making call's plan kernel is captured with it, so each replay plans from the lengths it
+    replays."""
+
+    def __init__(self, device: torch.device | str | int | None = None) -> None:
+        from kdtree_engine.kernel import library
+
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if isinstance(device, int):
+            dev = torch.device("cuda", device)
+        if dev.type != "cuda":
+            raise _err("device", "a CUDA device for the plan", str(dev))
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        lib = library.load()
+        if not lib.has_plan:
+            raise library.KernelLibraryError(f"kernel library {lib.path} (ABI {lib.abi}) takes no step plan; rebuild it")
+        self.device = dev
+        self.buffer = torch.zeros(lib.plan_bytes, dtype=torch.uint8, device=dev)
+        #: (target, bs, num_heads, max_n, total_tokens, num_splits) of the call that made it; None until then
+        self.key: tuple[int, int, int, int, int, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"VerifyPlan(device={self.device}, made_for={_describe_plan_key(self.key)})"
+
+
+def _describe_plan_key(key: tuple[int, ...] | None) -> str:
+    if key is None:
+        return "nothing (never made)"
+    target, bs, h, n, t = key[:5]
+    splits = f" num_splits={key[5]}" if len(key) > 5 else ""
+    return f"bs={bs} num_heads={h} max_n={n} total_tokens={t}{splits} target={target}"
+
+
 def _check_dtype(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
     if not isinstance(t, torch.Tensor):
         raise _err(name, "a torch.Tensor", type(t).__name__)
@@ -480,14 +528,16 @@ def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_i
 
 def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
             out, lse, workspace, sm_scale: float, max_n: int, num_splits: int, target: int = 0,
-            draft_slots: torch.Tensor | None = None) -> None:
+            draft_slots: torch.Tensor | None = None, plan: VerifyPlan | None = None, plan_mode: int = 0) -> None:
     from kdtree_engine.kernel import library
 
     lib = library.load()
     T, H = q.shape[0], q.shape[1]
     pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
     a = library.KdtreeVerifyArgs()
-    a.abi_version = library.ABI_VERSION
+    a.abi_version = lib.abi  # an ABI 2 library (A/B runs) reads the struct without the plan fields
+    if plan is not None:
+        a.plan_mode, a.plan, a.plan_bytes = plan_mode, plan.buffer.data_ptr(), plan.buffer.numel()
     a.q, a.q_stride_tok, a.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
     if draft_slots is not None:  # the kernel reads the drafts from the pool at these slots
         a.draft_slots, a.draft_slots_is_64 = draft_slots.data_ptr(), int(draft_slots.dtype == torch.int64)
@@ -518,7 +568,8 @@ def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, 
 
 def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
          workspace: torch.Tensor | None, sm_scale: float, max_n: int, num_splits: int | None,
-         max_prefix_len: int | None, target: int = 0, draft_slots: torch.Tensor | None = None) -> None:
+         max_prefix_len: int | None, target: int = 0, draft_slots: torch.Tensor | None = None,
+         plan: VerifyPlan | None = None, make_plan: bool = False) -> None:
     """Choose the splits and the workspace (host-side, from the library), then launch.
     Shared by the eager path and the custom op's CUDA implementation."""
     from kdtree_engine.kernel import library
@@ -526,6 +577,23 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
     lib = library.load()
     T, H = q.shape[0], q.shape[1]
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    bs = qo_indptr.numel() - 1
+    plan_mode = library.PLAN_NONE
+    if plan is not None:
+        if plan.device != torch.device("cuda", dev):
+            raise _err("plan", f"a VerifyPlan on {q.device}", f"one on {plan.device}")
+        shape = (target, bs, H, max_n, T)
+        if make_plan:
+            plan_mode = library.PLAN_MAKE
+        else:
+            plan_mode = library.PLAN_USE
+            if plan.key is None or plan.key[:5] != shape:
+                got = _describe_plan_key(plan.key)
+                raise _err("plan", f"a plan made (make_plan=True) by a call of this shape, {_describe_plan_key(shape)}",
+                           f"one made for {got}")
+            if num_splits is not None and num_splits != plan.key[5]:
+                raise _err("num_splits", f"the plan's {plan.key[5]} (or None) with plan=", num_splits)
+            num_splits = plan.key[5]  # the grid the plan was made for, whatever this call's hint
     if num_splits is None:
         num_splits = choose_num_splits(qo_indptr.numel() - 1, max_n, H, _sm_count(dev), lib.block_rows(dev, target),
                                        max_prefix_len)
@@ -538,8 +606,12 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
     if debug_enabled() and not torch.cuda.is_current_stream_capturing():
         pool, _ = _latent_rows("kv_buffer", kv_buffer)
         _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool, max_n, draft_slots)
+    if plan is not None and make_plan:
+        plan.key = None  # until the launch below succeeds: a failed making call leaves no plan to use
     _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, float(sm_scale), max_n, num_splits, target, draft_slots)
+            out, lse, workspace, float(sm_scale), max_n, num_splits, target, draft_slots, plan, plan_mode)
+    if plan is not None and make_plan:
+        plan.key = (target, bs, H, max_n, T, num_splits)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=("out", "lse", "workspace"), device_types="cuda")
@@ -599,6 +671,8 @@ def verify_attention(
     workspace: torch.Tensor | None = None,
     target: str | None = None,
     draft_slots: torch.Tensor | None = None,
+    plan: VerifyPlan | None = None,
+    make_plan: bool = False,
 ):
     """Tree-verify MLA attention (docs/design.md section 4).
 
@@ -619,11 +693,21 @@ def verify_attention(
     ``"sm_120"`` (what an sm_120 GPU runs, under its limits, on a GPU of compute
     capability >= 9.0); None reads ``KDTREE_TARGET``.
 
+    ``plan`` (a :class:`VerifyPlan`) with ``make_plan=True``: compute this step's batch
+    schedule into the plan (one small kernel) and run from it; with ``make_plan`` False: run
+    from the plan an earlier call of the same shape and lengths made (the step's other layers).
+
     Under ``torch.compile`` the call is one opaque op (``kdtree::verify_attention``)
     whose fake implementation runs the same checks; the library is consulted
     only when the compiled code runs.
     """
     tcode = resolve_target(target)
+    if not isinstance(make_plan, bool):
+        raise _err("make_plan", "a bool", repr(make_plan))
+    if plan is not None and not isinstance(plan, VerifyPlan):
+        raise _err("plan", "a VerifyPlan or None", type(plan).__name__)
+    if make_plan and plan is None:
+        raise _err("plan", "a VerifyPlan to make (make_plan=True)", None)
     if prefix_lens_cpu is not None and max_prefix_len is None:
         lens = prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else list(prefix_lens_cpu)
         max_prefix_len = max(lens, default=0)
@@ -643,11 +727,14 @@ def verify_attention(
             raise _err("workspace", f"a contiguous uint8 tensor on {q.device}",
                        f"{workspace.numel()} bytes on {workspace.device}")
     if torch.compiler.is_compiling():  # one opaque op in the compiled graph
+        if plan is not None:
+            raise _err("plan", "None under torch.compile (the op is opaque there; plan in eager or "
+                       "graph-captured code)", repr(plan))
         torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
                                           mask_indptr, out, lse, workspace, float(sm_scale), max_n,
                                           num_splits or 0, -1 if max_prefix_len is None else int(max_prefix_len),
                                           tcode, draft_slots)
     else:  # eager and CUDA-graph capture: skip the dispatcher's Python overhead
         _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
-             workspace, sm_scale, max_n, num_splits, max_prefix_len, tcode, draft_slots)
+             workspace, sm_scale, max_n, num_splits, max_prefix_len, tcode, draft_slots, plan, make_plan)
     return (out, lse) if return_lse else out

@@ -18,6 +18,11 @@ the pool with SGLang's own code (``KVWriteLoc.for_batch`` +
 ``TritonAttnBackend._set_kv_buffer``, as the original does) and runs
 :func:`kdtree_engine.kernel.op.verify_attention` on SGLang's own metadata,
 writing into the output tensor SGLang would return (``[tokens, heads * 512]``).
+The first hooked call of a verify step (a new ``forward_metadata``: SGLang builds one per step)
+makes the step plan (:class:`kdtree_engine.kernel.op.VerifyPlan`, one buffer per backend) and
+the step's other layers read it, as FlashMLA's calls read its once-per-step metadata; under
+CUDA-graph capture the first layer's plan kernel is captured with it, so every replay plans
+from the lengths it replays.
 Every other call, and every call the kernel rejects, goes to SGLang's original
 method. Every step of the hooked path that touches SGLang's objects runs inside
 that fallback, the KV write included: a KV write that fails sends the call to
@@ -33,6 +38,7 @@ import inspect
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -383,6 +389,37 @@ def prepare(call: VerifyCall) -> dict[str, Any]:
     }
 
 
+class _StepPlan:
+    """A backend's step plan and the step (its ``forward_metadata``, weakly) it was made for."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.step: weakref.ref[Any] | None = None
+
+
+def step_plan(call: VerifyCall, device: torch.device, lib: Any) -> tuple[Any, bool]:
+    """(plan, make): the backend's plan, to be made by this call when it is the first hooked
+    call of its step (SGLang builds a new ``forward_metadata`` per step), else read. (None,
+    False) for a library without plans (an older ABI)."""
+    from kdtree_engine.kernel.op import VerifyPlan
+
+    if not getattr(lib, "has_plan", False):
+        return None, False
+    backend, meta = call.backend, call.metadata
+    try:
+        ref = weakref.ref(meta)
+    except TypeError:  # a metadata object without weak references: no step to key on, no plan
+        return None, False
+    sp = getattr(backend, "_kdtree_step_plan", None)
+    if sp is None or sp.plan.device != device:
+        sp = _StepPlan(VerifyPlan(device))
+        backend._kdtree_step_plan = sp
+    make = sp.step is None or sp.step() is not meta
+    if make:
+        sp.step = ref
+    return sp.plan, make
+
+
 def save_kv(call: VerifyCall) -> bool:
     """Save the drafts' KV to the pool with SGLang's own code, as forward_extend does
     (the predicates guarantee no KV scales and no DCP). Returns whether it wrote."""
@@ -402,6 +439,7 @@ def _launch(a: dict[str, Any]) -> None:
         a["q"], a["k_ext"], a["kv_buffer"], a["qo_indptr"], a["kv_indptr"], a["kv_indices"],
         a["custom_mask"], a["mask_indptr"], a["sm_scale"], a["max_n"],
         out=a["out"], prefix_lens_cpu=a["prefix_lens_cpu"], draft_slots=a["draft_slots"],
+        plan=a.get("plan"), make_plan=a.get("make_plan", False),
     )
 
 
@@ -433,6 +471,7 @@ def run_verify(original: Callable[..., Any], call: VerifyCall, args: tuple[Any, 
         return original(backend, *args, **kwargs)
     try:
         a = prepare(call)
+        a["plan"], a["make_plan"] = step_plan(call, a["q"].device, lib)
     except Exception as e:  # noqa: BLE001 - a layout SGLang's path handles and ours does not
         _runtime.note(K_PREPARE, logging.WARNING, _describe_error(e))
         return original(backend, *args, **kwargs)
