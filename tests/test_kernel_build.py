@@ -299,6 +299,7 @@ def test_kernel_names_keep_every_template_argument():
     assert _short("_ZN6kdtree22combine_onepass_kernelILi8ELi10EEEvNS_6ParamsE") == "combine_onepass_kernel<8, 10>"
     assert _short("_ZN6kdtree21combine_narrow_kernelILi16EEEvNS_6ParamsE") == "combine_narrow_kernel<16>"
     assert _short("_ZN6kdtree27verify_attn_kernel_mma_qregENS_6ParamsE") == "verify_attn_kernel_mma_qreg"
+    assert _short("_ZN6kdtree11plan_kernelENS_6ParamsE") == "plan_kernel"
     # bool arguments (the batch schedule's instances: PLANNED)
     assert _short("_ZN6kdtree27verify_attn_kernel_mma_qregILb1EEEvNS_6ParamsE") == "verify_attn_kernel_mma_qreg<true>"
     assert _short("_ZN6kdtree21combine_narrow_kernelILi8ELb0EEEvNS_6ParamsE") == "combine_narrow_kernel<8, false>"

@@ -161,8 +161,8 @@ _SERIAL_RE = re.compile(r"\((C75\d\d)\)[^']*wgmma\.mma_async instructions are se
 
 def _short(name: str) -> str:
     """Mangled kernel name -> a readable one (verify_attn_kernel_mma_qreg<true>,
-    combine_onepass_kernel<8, 10, false>, combine_wide_kernel)."""
-    m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel)"
+    combine_onepass_kernel<8, 10, false>, combine_wide_kernel, plan_kernel)."""
+    m = re.search(r"(verify_attn_kernel\w*?|combine_\w+?_kernel|combine_kernel|clear_error_kernel|plan_kernel)"
                   r"(I((?:L[ib]\d+E)+)E|E|N)", name)
     if not m:
         return name
