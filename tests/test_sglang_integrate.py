@@ -105,6 +105,22 @@ def _write_run(d, hooked, cases, kit_ok=True):
     (d / "summary.json").write_text(json.dumps(summary))
 
 
+def test_compare_runs_requires_the_steps_later_calls_to_repeat_the_first(tmp_path):
+    """With the plugin on, the step's later calls read the step plan the first one made: their
+    output must be the first call's, bit for bit, and a plan made must have been read."""
+    out = torch.ones(4, 8, dtype=torch.bfloat16)
+    _write_run(tmp_path / "off", False, {"c": (_result(out, us=50.0), {"us": 50.0})})
+    good = {"us": 10.0, "kernel_calls": 3, "fallbacks": {}, "repeat_equal": True, "plan_calls": {"made": 1, "read": 2}}
+    _write_run(tmp_path / "on", True, {"c": (_result(out), good)})
+    assert integrate.compare_runs(tmp_path / "off", tmp_path / "on")[0]
+    _write_run(tmp_path / "on2", True, {"c": (_result(out), {**good, "repeat_equal": False})})
+    ok, problems, _ = integrate.compare_runs(tmp_path / "off", tmp_path / "on2")
+    assert not ok and "differs from the first" in problems[0]
+    _write_run(tmp_path / "on3", True, {"c": (_result(out), {**good, "plan_calls": {"made": 1, "read": 0}})})
+    ok, problems, _ = integrate.compare_runs(tmp_path / "off", tmp_path / "on3")
+    assert not ok and "made but no later call read it" in problems[0]
+
+
 def test_compare_runs_requires_the_kernel_on_and_the_hook_off(tmp_path):
     out = torch.ones(4, 8, dtype=torch.bfloat16)
     _write_run(tmp_path / "off", False, {"c": (_result(out, us=50.0), {"us": 50.0})})

@@ -345,6 +345,7 @@ def test_the_first_call_of_a_step_makes_the_plan_and_the_other_layers_read_it(ru
     plugin.verify_hook(Original(), backend, q, k, v, layer, fb)
     assert [a["make_plan"] for a in runtime_on] == [True, False, False, True, False]
     assert len(made) == 1 and all(a["plan"] is made[0] for a in runtime_on)
+    assert plugin.status()["plan_calls"] == {"made": 2, "read": 3}
 
 
 def test_no_plan_without_a_plan_library_or_a_weakly_referenced_step(runtime_on, monkeypatch):
@@ -359,6 +360,7 @@ def test_no_plan_without_a_plan_library_or_a_weakly_referenced_step(runtime_on, 
     plugin.verify_hook(Original(), backend, q, k, v, layer, fb)  # SimpleNamespace metadata: no weakref
     assert [(a["plan"], a["make_plan"]) for a in runtime_on] == [(None, False), (None, False)]
     assert plugin.status()["kernel_calls"] == 1 and plugin.status()["fallbacks"] == {}
+    assert plugin.status()["plan_calls"] == {"made": 0, "read": 0}
 
 
 def test_a_batch_the_checks_refuse_falls_back_after_the_kv_write(runtime_on):

@@ -164,6 +164,14 @@ def compare_runs(off_dir: Path, on_dir: Path, require_cases: bool = True) -> tup
         if off_case.get("kernel_calls"):
             c["ok"] = False
             c["problems"].append("off: the kernel ran")
+        if on_case.get("repeat_equal") is False:  # (None: a worker from before this check)
+            c["ok"] = False
+            c["problems"].append("on: a later call of the same step (the next layer, reading the step plan) "
+                                 "differs from the first")
+        plans = on_case.get("plan_calls")
+        if plans and plans["made"] and not plans["read"]:
+            c["ok"] = False
+            c["problems"].append(f"on: the step plan was made but no later call read it ({plans})")
         problems += [f"{name}: {p}" for p in c["problems"]]
         cases[name] = c
     for name, k_on in s_on["kit"].items():
@@ -370,14 +378,22 @@ def _run_case(case: Case, index: int, out: Path, plugin_status: Any) -> dict[str
             "draft_saved": bool(torch.equal(draft_rows, k)),
             "pool_sha256": _pool_sha256(pool),
         }
+        first = o.clone()
         ms = triton.testing.do_bench(lambda: layer(q, k, v, fb, save_kv_cache=True), warmup=25, rep=200,
                                      return_mode="median")
+        # the step's next layer, as it would run after the first: with the plugin, it reads the
+        # step plan the first call made (the timed calls above read it too)
+        again = layer(q, k, v, fb, save_kv_cache=True)
+        torch.cuda.synchronize()
+        after_all = plugin_status() if plugin_status else None
     result["us"] = ms * 1e3
     torch.save(result, out / f"{case.name}.pt")
     info = {"us": result["us"], "out_shape": list(o.shape), "out_dtype": str(o.dtype),
-            "draft_saved": result["draft_saved"]}
+            "draft_saved": result["draft_saved"], "repeat_equal": bool(torch.equal(again, first))}
     if before is not None and after is not None:
         info["kernel_calls"] = after["kernel_calls"] - before["kernel_calls"]
+        if "plan_calls" in after_all:
+            info["plan_calls"] = {k: after_all["plan_calls"][k] - before["plan_calls"][k] for k in ("made", "read")}
         info["fallbacks"] = {r: n - before["fallbacks"].get(r, 0) for r, n in after["fallbacks"].items()
                              if n != before["fallbacks"].get(r, 0)}
     del fx, pool

@@ -181,6 +181,7 @@ class _Runtime:
         self.devices: dict[int, tuple[bool, str]] = {}
         self.logged: set[str] = set()
         self.kernel_calls = 0
+        self.plan_calls = {"made": 0, "read": 0}  # kernel calls that made / read the step plan
         self.fallbacks: dict[str, int] = {}
 
     def note(self, kind: str, level: int, detail: str = "") -> None:
@@ -225,9 +226,11 @@ class _Runtime:
                 logger.warning("kdtree verify [%s]: off on device %d: %s", _rank_label(), idx, detail)
         return got
 
-    def count_kernel_call(self) -> None:
+    def count_kernel_call(self, plan: Any = None, make_plan: bool = False) -> None:
         with self.lock:
             self.kernel_calls += 1
+            if plan is not None:
+                self.plan_calls["made" if make_plan else "read"] += 1
 
 
 _runtime = _Runtime()
@@ -235,7 +238,8 @@ _runtime = _Runtime()
 
 def status() -> dict[str, Any]:
     """What the plugin decided and did in this process: enabled, reason, library,
-    kernel_calls and fallbacks (kind -> count)."""
+    kernel_calls, plan_calls (of those, how many made and how many read the step plan)
+    and fallbacks (kind -> count)."""
     r = _runtime
     with r.lock:
         return {
@@ -244,6 +248,7 @@ def status() -> dict[str, Any]:
             "disabled_reason": r.disabled_reason,
             "library": str(getattr(r.library, "path", "")) or None,
             "kernel_calls": r.kernel_calls,
+            "plan_calls": dict(r.plan_calls),
             "fallbacks": dict(r.fallbacks),
         }
 
@@ -489,7 +494,7 @@ def run_verify(original: Callable[..., Any], call: VerifyCall, args: tuple[Any, 
         _runtime.disable(f"kernel failed: {_describe_error(e)}")
         _runtime.note(K_FAILED, logging.WARNING)
         return _original_without_save(original, call)
-    _runtime.count_kernel_call()
+    _runtime.count_kernel_call(a["plan"], a["make_plan"])
     return a["o"]
 
 
