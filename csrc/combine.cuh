@@ -72,16 +72,23 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
 // After griddepcontrol.wait, under the batch schedule: the row's splits and the first partial
 // row of its request, as the request's first main-kernel CTA wrote them. False for a request of
 // one split (the main kernel wrote its rows).
-// With a step plan, the rows it was made for must be the request's (`rows`): a request whose
-// rows it does not cover (its lengths changed since the plan was made) sets KDTREE_ERR_PLAN.
-__device__ __forceinline__ void check_plan_rows(const Params& p, int b, int64_t rows) {
-  if (p.plan && reinterpret_cast<const int*>(p.plan + PLAN_ROWS_OFF)[b] != rows) report_error(p.err, KDTREE_ERR_PLAN);
+// With a step plan, the rows it was made for must be the request's: a request whose rows it does
+// not cover (its lengths changed since the plan was made) sets KDTREE_ERR_PLAN. Loaded beside
+// plan_meta after the wait and compared only once both are in (plan_rows, then check_plan_rows):
+// a compare and its atomic between the two loads put a second L2 round trip on the combine's
+// critical path (docs/kernel-notes.md AC5, AD1).
+__device__ __forceinline__ int64_t plan_rows(const Params& p, int b, int64_t rows) {
+  return p.plan ? reinterpret_cast<const int*>(p.plan + PLAN_ROWS_OFF)[b] : rows;
+}
+__device__ __forceinline__ void check_plan_rows(const Params& p, int64_t planned, int64_t rows) {
+  if (planned != rows) report_error(p.err, KDTREE_ERR_PLAN);
 }
 template <bool PLANNED>
 __device__ __forceinline__ bool planned_row(const Params& p, int b, int& splits, int64_t& slot0, int64_t rows) {
   if (!PLANNED) return true;
-  if (threadIdx.x == 0) check_plan_rows(p, b, rows);
+  const int64_t prow = plan_rows(p, b, rows);
   const int2 m = p.plan_meta[b];
+  if (threadIdx.x == 0) check_plan_rows(p, prow, rows);
   splits = m.y;
   slot0 += m.x;
   return splits > 1;
@@ -331,7 +338,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
     if (!r.bad) { rows = r.N * p.H; qlo = r.qo_lo; }  // a malformed request: the main kernel flagged it
   }
   pdl_wait_primary();
-  if (tid < p.bs) check_plan_rows(p, tid, rows);
+  const int64_t prow = tid < p.bs ? plan_rows(p, tid, rows) : rows;
   int units = 0;
   int2 m = make_int2(0, 1);
   if (rows > 0) {  // (plan_meta holds only the requests with rows)
@@ -362,6 +369,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
     if (tid == PLAN_MAX_BS - 1) pfx[PLAN_MAX_BS] = off + inc;
   }
   __syncthreads();
+  check_plan_rows(p, prow, rows);  // (after the scan: its atomic stays off the loads' path)
   const int total = pfx[PLAN_MAX_BS];
   const uint32_t bar_id = 1 + grp, bar_n = 64;  // the group's named barrier (two warps)
   auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(bar_id), "r"(bar_n) : "memory"); };
