@@ -347,6 +347,13 @@ struct BatchJob {
   int slot;       // first partial row of the request
 };
 __device__ __forceinline__ int plan_tiles(int rows) { return rows < 0 ? 1 : (rows + PLAN_BM - 1) / PLAN_BM; }
+// A request's steps of split_keys keys, ceil((L + N) / split_keys) and at least 1: the batch
+// schedule's term (plan_terms) and the step plan's check in setup_work, one formula for both.
+// In int, exact for any L load_request accepts (<= INT32_MAX: L + N itself could overflow, so
+// the remainder takes the drafts); an int64 division here spilled the sm_120 tile (entry AC1).
+__device__ __forceinline__ int request_steps(int L, int N, int split_keys) {
+  return max(1, L / split_keys + (L % split_keys + N + split_keys - 1) / split_keys);
+}
 // Request i's rows and steps. A malformed request takes one CTA of one split (rows = -1),
 // whose setup_work reports it; an empty one (N = 0) takes none.
 __device__ __forceinline__ void plan_terms(const Params& p, int i, int& rows, int& steps) {
@@ -362,7 +369,7 @@ __device__ __forceinline__ void plan_terms(const Params& p, int i, int& rows, in
     return;
   }
   rows = r.N * p.H;
-  steps = static_cast<int>(max(int64_t{1}, (int64_t{r.L} + r.N + p.split_keys - 1) / p.split_keys));
+  steps = request_steps(r.L, r.N, p.split_keys);
 }
 // The job of CTA `cta` (find_b < 0) or the schedule of request find_b (the combine), by one
 // whole warp (every lane calls it with the same arguments; the result is the same in each).
@@ -493,9 +500,10 @@ __device__ __forceinline__ BatchJob planned_job(const Params& p, BatchJob* job_s
     if (p.plan) {  // the step plan: the header and this CTA's job in one round trip
       const int4* pl = reinterpret_cast<const int4*>(p.plan);
       const int4 h0 = pl[0], h1 = pl[1], v = pl[PLAN_JOBS_OFF / 16 + blockIdx.x];
-      derive = h0.x != plan_header_word(p, 0) || h0.y != plan_header_word(p, 1) || h0.z != plan_header_word(p, 2) ||
-               h0.w != plan_header_word(p, 3) || h1.x != plan_header_word(p, 4) || h1.y != plan_header_word(p, 5) ||
-               h1.z != plan_header_word(p, 6) || h1.w != plan_header_word(p, 7);
+      const int hdr[PLAN_HDR_WORDS] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+      derive = false;
+#pragma unroll
+      for (int i = 0; i < PLAN_HDR_WORDS; ++i) derive |= hdr[i] != plan_header_word(p, i);
       if (!derive) j = unpack_job(v);
       else if (tid == 0 && blockIdx.x == 0) report_error(p.err, KDTREE_ERR_PLAN);  // made for another shape
     }
@@ -558,7 +566,7 @@ __device__ __forceinline__ bool setup_work(const Params& p, int b, int r0, int s
   w.L = rq.L;
   w.KV = w.L + w.N;
   if (PLANNED && p.plan) {  // the step plan's request: the lengths it was made from must be these
-    const int steps = max(1, (w.KV + p.split_keys - 1) / p.split_keys);  // (in int, as KV: an int64 division spilled the sm_120 tile)
+    const int steps = request_steps(w.L, w.N, p.split_keys);
     if (job.rows != w.rows || (steps + job.per - 1) / job.per != job.splits) {
       if (tid == 0) report_error(p.err, KDTREE_ERR_PLAN);
       return false;

@@ -200,13 +200,11 @@ class VerifyPlan:
     def __init__(self, device: torch.device | str | int | None = None) -> None:
         from kdtree_engine.kernel import library
 
-        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if isinstance(device, int):
-            dev = torch.device("cuda", device)
+        # an int is a CUDA ordinal; a device without an index is the current one
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
         if dev.type != "cuda":
             raise _err("device", "a CUDA device for the plan", str(dev))
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
         lib = library.load()
         if not lib.has_plan:
             raise library.KernelLibraryError(f"kernel library {lib.path} (ABI {lib.abi}) takes no step plan; rebuild it")
@@ -595,7 +593,7 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
                 raise _err("num_splits", f"the plan's {plan.key[5]} (or None) with plan=", num_splits)
             num_splits = plan.key[5]  # the grid the plan was made for, whatever this call's hint
     if num_splits is None:
-        num_splits = choose_num_splits(qo_indptr.numel() - 1, max_n, H, _sm_count(dev), lib.block_rows(dev, target),
+        num_splits = choose_num_splits(bs, max_n, H, _sm_count(dev), lib.block_rows(dev, target),
                                        max_prefix_len)
     need = lib.workspace_bytes(T * H, num_splits)
     if workspace is None:
