@@ -58,6 +58,12 @@ constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contig
 // splits), PLAN_MAX_BS of them (Params::plan_meta), then the partials.
 constexpr int WS_PLAN_BYTES = 1024;
 constexpr int WS_PARTS = WS_HEADER + WS_PLAN_BYTES;  // bytes of workspace before the partials
+// Partial rows the workspace holds, per row and split of the grid. The 3-D grid needs one
+// (T * H * num_splits); the batch schedule's budget is at most one CTA an SM and PLAN_BM partial
+// rows a CTA, and at 2 the workspace lets it take every SM where T * H * num_splits / PLAN_BM
+// fell short of them (choose_num_splits rounds the wave down: 128 of 132 CTAs at bs32 N8 H16,
+// 2 splits; docs/kernel-notes.md AD3).
+constexpr int WS_PART_FACTOR = 2;
 
 struct Params {
   const __nv_bfloat16* q;
@@ -80,10 +86,10 @@ struct Params {
   __nv_bfloat16* o;
   int64_t o_st, o_sh;
   float* lse;
-  part_t* o_part;    // partial rows (T*H*num_splits of them), each 512 wide: see Work::slot0
+  part_t* o_part;    // partial rows (T*H*num_splits*WS_PART_FACTOR of them), each 512 wide: see Work::slot0
   float* lse_part;   // their LSEs, one per partial row
   int* err;
-  int bs, H, max_n, T, num_splits;  // num_splits: the workspace's (T*H*num_splits partial rows)
+  int bs, H, max_n, T, num_splits;  // num_splits: the grid's (the workspace: T*H*num_splits*WS_PART_FACTOR partial rows)
   int split_keys;  // keys per step of the split schedule: one tile, or the sm90 kernel's pair of blocks
   // The batch schedule (batch_plan): 1 when the grid is 1-D, split_budget CTAs, each mapped on
   // the device to a (request, row tile, split); 0 for the (row tiles, num_splits, bs) grid of
@@ -334,7 +340,7 @@ __device__ __forceinline__ Request load_request(const Params& p, int b) {
 // fastest (the row tiles of a split read the same keys together), and a request of several
 // splits owns the partial rows slot_b .. slot_b + splits_b * rows_b (split s, row r at
 // slot_b + s * rows_b + r), packed in request order: at most split_budget * PLAN_BM rows,
-// which the host keeps within the workspace's T * H * num_splits.
+// which the host keeps within the workspace's T * H * num_splits * WS_PART_FACTOR.
 constexpr int PLAN_PER_LANE = 4;
 constexpr int PLAN_MAX_BS = 32 * PLAN_PER_LANE;  // the host takes the 3-D grid beyond this
 static_assert(PLAN_MAX_BS * 8 <= WS_PLAN_BYTES, "the workspace holds a (slot, splits) pair per request");

@@ -113,8 +113,9 @@ int64_t lse_region_bytes(int64_t partial_rows) { return ((partial_rows * 4 + 255
 int64_t kdtree_workspace_bytes(int64_t total_rows, int32_t num_splits) {
   if (total_rows < 0 || num_splits < 1) return -1;
   if (num_splits == 1) return kdtree::WS_HEADER;
-  const int64_t o = total_rows * num_splits * kdtree::DV * static_cast<int64_t>(sizeof(kdtree::part_t));
-  return kdtree::WS_PARTS + o + 2 * lse_region_bytes(total_rows * num_splits);  // the LSEs, then Params::plan_cnt
+  const int64_t prow = total_rows * num_splits * kdtree::WS_PART_FACTOR;  // partial rows
+  const int64_t o = prow * kdtree::DV * static_cast<int64_t>(sizeof(kdtree::part_t));
+  return kdtree::WS_PARTS + o + 2 * lse_region_bytes(prow);  // the LSEs, then Params::plan_cnt
 }
 
 int64_t kdtree_plan_bytes(void) { return kdtree::PLAN_BYTES; }
@@ -204,8 +205,9 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   const int64_t rows = static_cast<int64_t>(a->total_tokens) * a->num_heads;
   p.plan_meta = reinterpret_cast<int2*>(ws + kdtree::WS_HEADER);
   p.o_part = reinterpret_cast<kdtree::part_t*>(ws + kdtree::WS_PARTS);
-  p.lse_part = reinterpret_cast<float*>(p.o_part + rows * a->num_splits * kdtree::DV);  // after the partials (16-byte aligned)
-  p.plan_cnt = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(p.lse_part) + lse_region_bytes(rows * a->num_splits));
+  const int64_t prow = rows * a->num_splits * kdtree::WS_PART_FACTOR;  // kdtree_workspace_bytes' partial rows
+  p.lse_part = reinterpret_cast<float*>(p.o_part + prow * kdtree::DV);  // after the partials (16-byte aligned)
+  p.plan_cnt = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(p.lse_part) + lse_region_bytes(prow));
   p.bs = a->bs;
   p.H = a->num_heads;
   p.max_n = a->max_n;
@@ -220,7 +222,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
   // registers, and has more than one request (one gets the same counts from split_plan, without
   // the plan's ~4 us: docs/kernel-notes.md W1). The
   // budget is one CTA per SM (op.py choose_num_splits' wave) and at most what the workspace's
-  // T * H * num_splits partial rows hold at block_rows rows a CTA. KDTREE_SCHED=grid takes the
+  // T * H * num_splits * WS_PART_FACTOR partial rows hold at block_rows rows a CTA. KDTREE_SCHED=grid takes the
   // (row tiles, num_splits, bs) grid of split_plan instead (read on every call, for A/B runs).
   // op.py split_budget restates this rule for the tests.
   {
@@ -229,7 +231,7 @@ int kdtree_verify_attn(const KdtreeVerifyArgs* a, void* stream_) {
     if (rc != KDTREE_OK) return rc;
     const int64_t row_tiles = (static_cast<int64_t>(a->max_n) * a->num_heads + cfg.block_rows - 1) / cfg.block_rows;
     const int64_t tiles = row_tiles * a->bs;
-    const int64_t slot_ctas = rows * a->num_splits / cfg.block_rows;
+    const int64_t slot_ctas = rows * a->num_splits * kdtree::WS_PART_FACTOR / cfg.block_rows;
     const int64_t budget = std::min<int64_t>(std::min<int64_t>(d.sm_count, slot_ctas), kdtree::MAX_SPLITS);
     const char* sched = getenv("KDTREE_SCHED");
     const bool grid_forced = sched && strcmp(sched, "grid") == 0;

@@ -97,14 +97,16 @@ def batch_plan(prefix_lens: Sequence[int], n_drafts: Sequence[int], num_heads: i
 
 #: bytes after the header for the batch schedule's (slot, splits) pairs (csrc/common.cuh WS_PLAN_BYTES)
 WS_PLAN_BYTES = 1024
+#: partial rows of the workspace per row and split of the grid (csrc/common.cuh WS_PART_FACTOR)
+WS_PART_FACTOR = 2
 
 
 def split_budget(bs: int, total_rows: int, num_splits: int, sm_count: int, row_tiles: int) -> int:
     """csrc/kdtree_verify.cu's batch schedule budget: the CTAs (one per SM, at most what the
-    workspace's ``total_rows`` x ``num_splits`` partial rows hold at PLAN_BM rows a CTA, and
+    workspace's ``total_rows`` x ``num_splits`` x WS_PART_FACTOR partial rows hold at PLAN_BM rows a CTA, and
     MAX_SPLITS) a call of ``bs`` requests shares, or 0 where it takes the 3-D grid (one request,
     one split, more than 128 requests, or a budget the batch's ``row_tiles`` fill)."""
-    budget = min(sm_count, total_rows * num_splits // PLAN_BM, MAX_SPLITS)
+    budget = min(sm_count, total_rows * num_splits * WS_PART_FACTOR // PLAN_BM, MAX_SPLITS)
     planned = 1 < bs <= PLAN_MAX_BS and num_splits > 1 and budget > row_tiles
     return budget if planned else 0
 
@@ -117,8 +119,9 @@ def workspace_layout(total_rows: int, num_splits: int) -> dict[str, int]:
     (``counters``, Params::plan_cnt), and the ``end``. For tests that read what the kernels left
     there; tests/test_kernel_op.py checks ``end`` against the library."""
     parts = WS_HEADER + WS_PLAN_BYTES
-    lse = parts + total_rows * num_splits * V_DIM * 2
-    aligned = -(-(total_rows * num_splits * 4) // 256) * 256
+    prow = total_rows * num_splits * WS_PART_FACTOR  # partial rows (csrc/common.cuh WS_PART_FACTOR)
+    lse = parts + prow * V_DIM * 2
+    aligned = -(-(prow * 4) // 256) * 256
     return {"plan": WS_HEADER, "parts": parts, "lse": lse, "counters": lse + aligned, "end": lse + 2 * aligned}
 
 
