@@ -572,6 +572,21 @@ def test_the_workspace_layout_mirrors_the_library():
         assert lay["plan"] < lay["parts"] < lay["lse"] < lay["counters"] < lay["end"]
 
 
+def test_the_batch_schedule_budget_takes_every_sm_where_the_wave_rounds_down():
+    """op.split_budget (csrc/kdtree_verify.cu's rule): the workspace holds WS_PART_FACTOR times
+    the grid's partial rows, so a batch whose grid choose_num_splits rounds down (bs32 N8 H16:
+    64 row tiles, 2 splits, 128 CTAs of partial rows at one factor) shares all 132 SMs, and the
+    schedule's partial rows (at most PLAN_BM a CTA) still fit op.workspace_layout's partials."""
+    bs, n, H = 32, 8, 16
+    ns = choose_num_splits(bs, n, H, 132, op.PLAN_BM)
+    assert ns == 2 and bs * n * H * ns // op.PLAN_BM == 128
+    budget = op.split_budget(bs, bs * n * H, ns, 132, bs * 2)
+    assert budget == 132
+    lay = op.workspace_layout(bs * n * H, ns)
+    assert budget * op.PLAN_BM * op.V_DIM * 2 <= lay["lse"] - lay["parts"]
+    assert op.split_budget(1, 128, 66, 132, 2) == 0  # one request: the 3-D grid
+
+
 def test_the_batch_schedule_model_keeps_uniform_counts_and_fits_its_budget():
     """op.batch_plan (the device's rule, which the GPU test above checks the kernels against):
     a uniform batch takes split_plan's counts under the grid the host sizes for it; a ragged
