@@ -8,11 +8,12 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: tma-row-probe racecheck-kernel ab-bench ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
+# steps: tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
+#        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS (clock-probe)
 set -uo pipefail
 commit=$1; shift
 # a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
@@ -165,6 +166,15 @@ for step in "$@"; do
                   ${AB_CASES:+--cases $AB_CASES} ${AB_LAYOUT:+--layout $AB_LAYOUT} ${AB_EXTRA:-} --systems $sys --masks ${AB_MASKS:-tree} --json /tmp/bench/ab-bench.jsonl 2>&1 \
                   | grep -E "^\| |Error|error|WRONG"
               done; done ;;
+    clock-probe) # tools/clock_probe.py: the SM clock and board power while each system's replays run back to back
+                 # (CLOCK_SECONDS a window, CLOCK_ROUNDS rounds), CLOCK_CASES of the micro suite, CLOCK_SYSTEMS (default
+                 # ours,flashmla), once per library of CLOCK_LIBS (default build/lib)
+              for d in ${CLOCK_LIBS:-build/lib}; do
+                KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/clock_probe.py --label $(basename $d) \
+                  --cases ${CLOCK_CASES:?CLOCK_CASES: comma list of micro case names} --systems ${CLOCK_SYSTEMS:-ours,flashmla} \
+                  --seconds ${CLOCK_SECONDS:-1.5} --rounds ${CLOCK_ROUNDS:-2} --json /tmp/bench/clock-probe.jsonl 2>&1 \
+                  | grep -E "^==|round|bench:|reading|Error|error|WRONG|labelled"
+              done ;;
     ncu-metrics) # per-kernel duration, DRAM bytes and L2 hit rate of one call (the second) for each library of AB_LIBS
                  # and case of NCU_CASES ("bs,N,H,L ..."; NCU_NOHINT=1: no host prefix hint)
          for d in ${AB_LIBS:-build/lib}; do for c in ${NCU_CASES:-1,16,8,65536}; do
