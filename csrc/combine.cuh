@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
     if (tid == PLAN_MAX_BS - 1) pfx[PLAN_MAX_BS] = off + inc;
   }
   __syncthreads();
-  check_plan_rows(p, prow, rows);  // (after the scan: its atomic stays off the loads' path)
+  if (tid < p.bs) check_plan_rows(p, prow, rows);  // (after the scan: its atomic stays off the loads' path)
   const int total = pfx[PLAN_MAX_BS];
   const uint32_t bar_id = 1 + grp, bar_n = 64;  // the group's named barrier (two warps)
   auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(bar_id), "r"(bar_n) : "memory"); };
