@@ -99,7 +99,7 @@ def sustained(preps, labels, sampler: Sampler, seconds: float, rounds: int, out:
                   f"{med[2]:4.0f} C  ({len(rows)} readings, {t1 - t0:.2f} s)", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="lib")
     ap.add_argument("--suite", default="micro")
@@ -110,9 +110,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-
-    import torch
+    args = ap.parse_args(argv)
 
     suite = suites.get_suite(args.suite)
     known = {c.name: c for c in suite.cases}
@@ -136,12 +134,14 @@ def main() -> int:
             sampler = Sampler(query)
             break
         except Exception as e:
-            why = str(e)
+            err = str(e)
     if sampler is None:
-        print(f"nvidia-smi cannot be read ({why}): this probe needs it", file=sys.stderr)
+        print(f"nvidia-smi cannot be read ({err}): this probe needs it", file=sys.stderr)
         return 2
     print(f"reading: {sampler.query}", flush=True)
     sampler.start()
+
+    import torch
 
     masks = tuple(m for m in args.masks.split(",") if m)
     peers = {s: PEERS[s] for s in systems}

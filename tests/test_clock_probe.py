@@ -1,0 +1,38 @@
+"""tools/clock_probe.py (docs/kernel-notes.md, entry AE1): its readings' windows and the
+arguments it refuses before it spends GPU time (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_tool
+
+cp = load_tool("clock_probe")
+
+
+def test_a_window_takes_the_readings_stamped_inside_it():
+    s = cp.Sampler(cp.QUERY)
+    s.rows = [(1.0, [1980.0, 300.0, 40.0]), (2.0, [1600.0, 700.0, 60.0]), (3.0, [1590.0, 705.0, 61.0]),
+              (4.5, [1980.0, 200.0, 50.0])]
+    assert s.window(1.5, 3.0) == [[1600.0, 700.0, 60.0], [1590.0, 705.0, 61.0]]
+    assert s.window(5.0, 6.0) == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cases", "no-such-case"], "--cases: not in suite micro: no-such-case"),
+    (["--cases", "bs8-N16-H8-L32768", "--systems", "ours,nobody"], "--systems: unknown nobody"),
+    (["--cases", "bs8-N16-H8-L32768", "--seconds", "0"], "--seconds > 0 and --rounds >= 1 expected, got 0.0, 2"),
+    (["--cases", "bs8-N16-H8-L32768", "--rounds", "0"], "--seconds > 0 and --rounds >= 1 expected, got 1.5, 0"),
+])
+def test_bad_arguments_are_refused_by_name(argv, says, capsys):
+    assert cp.main(argv) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_without_nvidia_smi_the_probe_says_so(monkeypatch, capsys):
+    def no_smi(self):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(cp.Sampler, "read", no_smi)
+    assert cp.main(["--cases", "bs8-N16-H8-L32768"]) == 2
+    assert "nvidia-smi cannot be read" in capsys.readouterr().err
