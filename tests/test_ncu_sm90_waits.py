@@ -59,13 +59,14 @@ def test_waits_are_named_by_the_layout_and_roles_cut_at_setmaxnreg(tmp_path):
     assert a["total"] == 104
     assert (a["roles"]["prologue"], a["roles"]["math"], a["roles"]["producer"]) == (10, 51, 43)
     waits = {name.split(" [")[0]: n for (_, name), n in a["waits"].items()}
-    assert waits == {"full(0, 0-3)": 20, "hand(1)": 5, "empty(0, 4-7)": 20}  # the wait and its retry branch
+    # the wait and its retry branch; a math wait names the product behind it (the hand wait has none)
+    assert waits == {"full(0, 0-3) before S": 20, "hand(1)": 5, "empty(0, 4-7)": 20}
     assert [r for (r, _) in a["waits"]] == ["math", "math", "producer"]
     assert a["kinds"]["wgmma wait (WARPGROUP.DEPBAR)"] == 12
     assert a["kinds"]["proxy fence (FENCE.VIEW.ASYNC, MEMBAR)"] == 4
     assert a["kinds"]["prologue: __syncthreads and the instruction after it"] == 7
     assert a["kinds"]["producer: L2 prefetch loop (UBLKPF)"] == 14  # PLOP3 .. BRA.U.ANY, not the LDGSTS
-    assert "| math: wait on full(0, 0-3) [UR29+0x36400] | 20 | 19.2% |" in w.table("x", a)
+    assert "| math: wait on full(0, 0-3) before S [UR29+0x36400] | 20 | 19.2% |" in w.table("x", a)
 
 
 def test_the_producer_may_come_first(tmp_path):

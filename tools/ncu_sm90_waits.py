@@ -13,7 +13,8 @@ plan's job, setup_work, mbarrier init, Q's copies, the roles' barrier). Each mba
 offset in the kernel's layout (``full``/``empty`` of buffer 0/1 and piece group 0-3, 4-7, 8;
 ``hand`` of warpgroup 0/1) and printed with its address expression: where that adds a register
 (the warpgroup's or the producer half's buffer: one instruction serves both), the name is that
-of buffer 0 or warpgroup 0's offset. The math warpgroups' wgmma waits (``WARPGROUP.DEPBAR``), their
+of buffer 0 or warpgroup 0's offset; a math warpgroup's wait says whether the first wgmma behind
+it is an S (64x64) or a PV (64x256) product. The math warpgroups' wgmma waits (``WARPGROUP.DEPBAR``), their
 wgmma issue (``HGMMA``, ``WARPGROUP.ARRIVE``) and proxy fences (``FENCE.VIEW.ASYNC``,
 ``MEMBAR``), and the producer's L2 prefetch (the uniform loop around ``UBLKPF``) are summed.
 Shares are of all warp-state samples of the kernel. docs/kernel-notes.md (entry AE6) reads it.
@@ -93,7 +94,11 @@ def analyse(rows: list[dict[str, str]]) -> dict:
             expr = m.group(1).strip()
             off = re.search(r"0x([0-9a-f]+)\s*$", expr)
             name = names.get(int(off.group(1), 16), f"mbarrier +{off.group(0)}") if off else expr
-            name = f"{name} [{expr}]"
+            # what the wait is for: the first wgmma behind it (64x64: S, 64x256: PV)
+            nxt = next((g.group(1) for k in range(i + 1, min(i + 80, len(src)))
+                        if (g := re.search(r"HGMMA\.(\d+x\d+)x16", src[k]))), None)
+            what = {"64x64": " before S", "64x256": " before PV"}.get(nxt, "") if role(i) == "math" else ""
+            name = f"{name}{what} [{expr}]"
             for k in range(i + 1, min(i + 4, len(rows))):  # the retry branch right behind it
                 if "BRA" in src[k]:
                     n += samples(rows[k])
