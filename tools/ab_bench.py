@@ -56,6 +56,23 @@ def extend_blocks() -> tuple:
     return importlib.import_module(EXTEND_MODULE)._get_block_sizes_for_extend_attention(576, 512)
 
 
+def pick(suite_name: str, cases: str, systems: str):
+    """``--suite``, ``--cases`` and ``--systems`` (comma lists) -> (suite, its cases by name, the
+    names asked for, the systems); a ValueError names the flag and what it does not know.
+    tools/clock_probe.py takes its cases and systems through this too."""
+    suite = suites.get_suite(suite_name)
+    names = [c for c in cases.split(",") if c]
+    known = {c.name: c for c in suite.cases}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--cases: not in suite {suite.name}: {', '.join(unknown)} (have: {', '.join(known)})")
+    chosen = tuple(s for s in systems.split(",") if s)
+    bad = [s for s in chosen if s not in PEERS]
+    if bad:
+        raise ValueError(f"--systems: unknown {', '.join(bad)} (have: {', '.join(PEERS)})")
+    return suite, known, names, chosen
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", required=True)
@@ -81,17 +98,10 @@ def main() -> int:
 
     import torch
 
-    suite = suites.get_suite(args.suite)
-    names = [c for c in args.cases.split(",") if c]
-    known = {c.name: c for c in suite.cases}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        print(f"--cases: not in suite {suite.name}: {', '.join(unknown)} (have: {', '.join(known)})", file=sys.stderr)
-        return 2
-    systems = tuple(s for s in args.systems.split(",") if s)
-    bad = [s for s in systems if s not in PEERS]
-    if bad:
-        print(f"--systems: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
+    try:
+        suite, known, names, systems = pick(args.suite, args.cases, args.systems)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     masks = tuple(m for m in args.masks.split(",") if m)
     if args.layout is not None and args.layout not in workloads.LAYOUTS:

@@ -28,10 +28,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
-from kdtree_engine.bench import gate, suites, timing
+from kdtree_engine.bench import gate, timing
 from kdtree_engine.bench.data import DEFAULT_L2_BYTES
 from kdtree_engine.bench.peers import PEERS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: ab_bench's argument checks
+import ab_bench  # noqa: E402
 
 QUERY = "clocks.sm,power.draw.instant,temperature.gpu"
 
@@ -112,17 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    suite = suites.get_suite(args.suite)
-    known = {c.name: c for c in suite.cases}
-    names = [c for c in args.cases.split(",") if c]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        print(f"--cases: not in suite {suite.name}: {', '.join(unknown)}", file=sys.stderr)
-        return 2
-    systems = tuple(s for s in args.systems.split(",") if s)
-    bad = [s for s in systems if s not in PEERS]
-    if bad:
-        print(f"--systems: unknown {', '.join(bad)} (have: {', '.join(PEERS)})", file=sys.stderr)
+    try:
+        _, known, names, systems = ab_bench.pick(args.suite, args.cases, args.systems)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     if args.seconds <= 0 or args.rounds < 1:
         print(f"--seconds > 0 and --rounds >= 1 expected, got {args.seconds}, {args.rounds}", file=sys.stderr)
