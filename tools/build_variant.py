@@ -14,6 +14,10 @@ two "variants" built from the wrong tree, so the tool prints the csrc/ it compil
 SASS for the change (cuobjdump -sass) before a GPU call. KDTREE_ARCHS picks the archs as for
 the build gate. Exit 1 when nvcc fails, 3 when a kernel spills (the build gate refuses
 spills; the library is still written, to be timed knowingly).
+
+Several variants for one GPU call: build them into folders of a scratch directory, then
+`tar -cJf build/variants.tar.xz -C <scratch> .` and carry build/variants.tar.xz; tools/gpu_session.sh
+unpacks it into build/lib, so AB_LIBS names them build/lib/<v> as before.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # /tmp/ev, bench reports to /tmp/bench; everything comes back as
 # $OUT/results.tgz (the device tool returns at most 8 files from $OUT, results.tgz among
 # them: session O's first call put 10 there and lost results.tgz).
-#   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
+#   carry: .site build/lib [build/variants.tar.xz]      usage: bash tools/gpu_session.sh <commit> step...
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
@@ -21,6 +21,12 @@ commit=$1; shift
 # Two invocations in one device command: copy the first one's files to $OUT before the second.
 rm -rf /tmp/ev /tmp/bench /tmp/integrate-logs
 mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
+# variant libraries for A/B steps, carried packed (xz cuts a 3.3 MB sm_90a variant to ~0.6 MB, so
+# five fit the 64 MiB carry beside .site and build/lib where two did unpacked; session AF):
+#   tar -cJf build/variants.tar.xz -C <folder of variant folders> .   carry: .site build/lib build/variants.tar.xz
+if [ -f build/variants.tar.xz ]; then
+  tar -xJf build/variants.tar.xz -C build/lib && echo "variants unpacked into build/lib:" $(tar -tJf build/variants.tar.xz | grep '\.so$')
+fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=/tmp/ev
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs, l.kernel_name(0))" || {
