@@ -18,6 +18,15 @@ def test_a_window_takes_the_readings_stamped_inside_it():
     assert s.window(5.0, 6.0) == []
 
 
+def test_a_window_row_gives_the_cycles_a_call_took_at_its_median_clock():
+    row = cp.window_row("ours/chain", 1, 155.0, 143.7, 1.2, [[1500.0, 700.0, 60.0], [1560.0, 720.0, 62.0],
+                                                            [1600.0, 690.0, 61.0]])
+    assert (row["sm_mhz"], row["power_w"], row["temp_c"], row["readings"]) == (1560.0, 700.0, 61.0, 3)
+    assert row["kcycles"] == pytest.approx(155.0 * 1560.0 / 1e3)
+    empty = cp.window_row("ours/chain", 0, 155.0, None, 1.2, [])  # no reading inside the window
+    assert empty["readings"] == 0 and empty["kcycles"] != empty["kcycles"]  # nan, not a made-up clock
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--cases", "no-such-case"], "--cases: not in suite micro: no-such-case"),
     (["--cases", "bs8-N16-H8-L32768", "--systems", "ours,nobody"], "--systems: unknown nobody"),

@@ -10,8 +10,8 @@ case (gate.run_case, the same inputs and checks), each system's captured graph i
 gap for ``--seconds`` (the replays are enqueued between two CUDA events, then synchronized), in
 ``--rounds`` rounds whose order alternates, while a thread reads `nvidia-smi --query-gpu=clocks.sm,
 power.draw.instant,temperature.gpu` as fast as it answers (~20-60 ms a reading). Each window's
-figures: us per call over the whole window (GPU events), and the median SM clock and power of the
-readings taken inside it. A system whose kernels draw more power runs at a lower clock under the
+figures: us per call over the whole window (GPU events), the median SM clock and power of the
+readings taken inside it, and the cycles a call took at that clock (`kcycles`, thousands). A system whose kernels draw more power runs at a lower clock under the
 H200's power limit (docs/kernel-notes.md, M9 item 5: a sustained matmul runs ~12% slower than a
 burst); this tool measures whether that separates ours from a peer on the same case.
 
@@ -92,15 +92,23 @@ def sustained(preps, labels, sampler: Sampler, seconds: float, rounds: int, out:
             ms = start.elapsed_time(end)
             # the first and last tenth of the window out: the clock moves as the load starts and stops
             pad = (t1 - t0) / 10
-            rows = sampler.window(t0 + pad, t1 - pad)
-            med = [statistics.median(c) for c in zip(*rows, strict=True)] if rows else [float("nan")] * 3
-            row = {"system": lab, "round": rnd, "us_per_call": ms * 1e3 / (reps * p.m.calls),
-                   "burst_us": p.m.replay_us, "window_s": t1 - t0, "readings": len(rows),
-                   "sm_mhz": med[0], "power_w": med[1], "temp_c": med[2]}
+            row = window_row(lab, rnd, ms * 1e3 / (reps * p.m.calls), p.m.replay_us, t1 - t0,
+                             sampler.window(t0 + pad, t1 - pad))
             out.append(row)
             print(f"    {lab:22s} round {rnd}: {row['us_per_call']:8.2f} us/call sustained "
-                  f"(burst {row['burst_us'] or float('nan'):8.2f})  SM {med[0]:6.0f} MHz  {med[1]:6.1f} W  "
-                  f"{med[2]:4.0f} C  ({len(rows)} readings, {t1 - t0:.2f} s)", flush=True)
+                  f"(burst {row['burst_us'] or float('nan'):8.2f})  SM {row['sm_mhz']:6.0f} MHz  "
+                  f"{row['kcycles']:6.1f} k cycles/call  {row['power_w']:6.1f} W  {row['temp_c']:4.0f} C  "
+                  f"({row['readings']} readings, {row['window_s']:.2f} s)", flush=True)
+
+
+def window_row(lab: str, rnd: int, us_per_call: float, burst_us, window_s: float, rows: list[list[float]]) -> dict:
+    """One window's figures: the medians of its readings, and the cycles a call took at the median
+    SM clock (us x MHz), which compares builds that run at different clocks under the power limit
+    (docs/kernel-notes.md, AF11: a build without DRAM traffic ran 15% faster at the same cycles)."""
+    med = [statistics.median(c) for c in zip(*rows, strict=True)] if rows else [float("nan")] * 3
+    return {"system": lab, "round": rnd, "us_per_call": us_per_call, "burst_us": burst_us, "window_s": window_s,
+            "readings": len(rows), "sm_mhz": med[0], "power_w": med[1], "temp_c": med[2],
+            "kcycles": us_per_call * med[0] / 1e3}
 
 
 def main(argv: list[str] | None = None) -> int:
