@@ -32,6 +32,7 @@ def test_a_window_row_gives_the_cycles_a_call_took_at_its_median_clock():
     (["--cases", "bs8-N16-H8-L32768", "--systems", "ours,nobody"], "--systems: unknown nobody"),
     (["--cases", "bs8-N16-H8-L32768", "--seconds", "0"], "--seconds > 0 and --rounds >= 1 expected, got 0.0, 2"),
     (["--cases", "bs8-N16-H8-L32768", "--rounds", "0"], "--seconds > 0 and --rounds >= 1 expected, got 1.5, 0"),
+    (["--cases", "bs8-N16-H8-L32768", "--layout", "sideways"], "--layout: expected one of"),
 ])
 def test_bad_arguments_are_refused_by_name(argv, says, capsys):
     assert cp.main(argv) == 2

@@ -56,10 +56,12 @@ def extend_blocks() -> tuple:
     return importlib.import_module(EXTEND_MODULE)._get_block_sizes_for_extend_attention(576, 512)
 
 
-def pick(suite_name: str, cases: str, systems: str):
-    """``--suite``, ``--cases`` and ``--systems`` (comma lists) -> (suite, its cases by name, the
-    names asked for, the systems); a ValueError names the flag and what it does not know.
-    tools/clock_probe.py takes its cases and systems through this too."""
+def pick(suite_name: str, cases: str, systems: str, layout: str | None = None):
+    """``--suite``, ``--cases``, ``--systems`` (comma lists) and ``--layout`` -> (suite, its cases by
+    name, the names asked for, the systems); a ValueError names the flag and what it does not know.
+    tools/clock_probe.py takes its cases, systems and layout through this too."""
+    if layout is not None and layout not in workloads.LAYOUTS:
+        raise ValueError(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {layout!r}")
     suite = suites.get_suite(suite_name)
     names = [c for c in cases.split(",") if c]
     known = {c.name: c for c in suite.cases}
@@ -99,14 +101,11 @@ def main() -> int:
     import torch
 
     try:
-        suite, known, names, systems = pick(args.suite, args.cases, args.systems)
+        suite, known, names, systems = pick(args.suite, args.cases, args.systems, args.layout)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
     masks = tuple(m for m in args.masks.split(",") if m)
-    if args.layout is not None and args.layout not in workloads.LAYOUTS:
-        print(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {args.layout!r}", file=sys.stderr)
-        return 2
     cap = None
     if args.sglang_capability is not None:
         try:

@@ -2,7 +2,7 @@
 
     KDTREE_LIB=build/lib/libkdtree_verify.so PYTHONPATH=src python3 tools/clock_probe.py \
         --cases bs8-N16-H8-L32768,bs32-N8-H16-L8192 --systems ours,flashmla [--seconds 1.5] [--rounds 2] \
-        [--json FILE]
+        [--layout contiguous] [--json FILE]
 
 The bench times each system in short interleaved bursts (timing.time_replays, ~0.25 s each).
 This tool asks whether the systems leave the GPU in the same state: after the bench's own timing of a
@@ -121,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layout", default=None,
+                    help="slot layout for every case (as ab_bench's; e.g. contiguous, where ours loads by TMA boxes "
+                         "unless KDTREE_TMA=0)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     try:
-        _, known, names, systems = ab_bench.pick(args.suite, args.cases, args.systems)
+        _, known, names, systems = ab_bench.pick(args.suite, args.cases, args.systems, args.layout)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     orig = timing.time_replays
 
     for name in names:
-        case = dataclasses.replace(known[name], masks=tuple(m for m in masks if m in known[name].masks))
+        case = dataclasses.replace(known[name], masks=tuple(m for m in masks if m in known[name].masks),
+                                   layout=args.layout or known[name].layout)
         print(f"== {name}", flush=True)
 
         def patched(preps, case=case, name=name, **kw):
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             found: list[dict] = []
             sustained(preps, labels, sampler, args.seconds, args.rounds, found)
             for r in found:
-                r.update(case=name, label=args.label)
+                r.update(case=name, label=args.label, layout=case.layout)
             rows.extend(found)
 
         timing.time_replays = patched

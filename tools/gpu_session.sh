@@ -13,7 +13,7 @@
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
-#        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS (clock-probe)
+#        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS, CLOCK_LAYOUT (clock-probe)
 set -uo pipefail
 commit=$1; shift
 # a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
@@ -178,7 +178,7 @@ for step in "$@"; do
               for d in ${CLOCK_LIBS:-build/lib}; do
                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/clock_probe.py --label $(basename $d) \
                   --cases ${CLOCK_CASES:?CLOCK_CASES: comma list of micro case names} --systems ${CLOCK_SYSTEMS:-ours,flashmla} \
-                  --seconds ${CLOCK_SECONDS:-1.5} --rounds ${CLOCK_ROUNDS:-2} --json /tmp/bench/clock-probe.jsonl 2>&1 \
+                  --seconds ${CLOCK_SECONDS:-1.5} --rounds ${CLOCK_ROUNDS:-2} ${CLOCK_LAYOUT:+--layout $CLOCK_LAYOUT} --json /tmp/bench/clock-probe.jsonl 2>&1 \
                   | grep -E "^==|round|bench:|reading|Error|error|WRONG|labelled"
               done ;;
     ncu-metrics) # per-kernel duration, DRAM bytes and L2 hit rate of one call (the second) for each library of AB_LIBS
