@@ -12,8 +12,9 @@ gap for ``--seconds`` (the replays are enqueued between two CUDA events, then sy
 power.draw.instant,temperature.gpu` as fast as it answers (~20-60 ms a reading). Each window's
 figures: us per call over the whole window (GPU events), the median SM clock and power of the
 readings taken inside it, and the cycles a call took at that clock (`kcycles`, thousands). A system
-whose kernels draw more power runs at a lower clock under the H200's power limit (docs/kernel-notes.md, M9 item 5: a sustained matmul runs ~12% slower than a
-burst); this tool measures whether that separates ours from a peer on the same case.
+whose kernels draw more power runs at a lower clock under the H200's power limit
+(docs/kernel-notes.md, M9 item 5: a sustained matmul runs ~12% slower than a burst); this tool
+measures whether that separates ours from a peer on the same case.
 
 Nothing here is evidence of a gate; `nox -s bench` stays the measurement of record.
 """
