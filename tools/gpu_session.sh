@@ -8,12 +8,13 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
+# steps: gather-peer tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 #        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS, CLOCK_LAYOUT (clock-probe)
+#        GATHER_CASES, GATHER_LAYOUTS (gather-peer: tools/gather_peer_probe.py's --cases, --layouts)
 set -uo pipefail
 commit=$1; shift
 # a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
@@ -72,6 +73,10 @@ for step in "$@"; do
          rm -f /tmp/bench/ncu-sm120.ncu-rep ;;
     mma-peak) # this GPU's mma.sync bf16 ceiling, operands in registers (tools/mma_peak.cu, tool_bin)
               "$(tool_bin mma_peak)" | tee /tmp/bench/mma-peak.txt ;;
+    gather-peer) # FlashMLA's own gather kernel (its sm_90 sparse prefill) beside ours and its dense decode
+                 # (tools/gather_peer_probe.py)
+              $T python3 tools/gather_peer_probe.py ${GATHER_CASES:+--cases $GATHER_CASES} \
+                ${GATHER_LAYOUTS:+--layouts $GATHER_LAYOUTS} --json /tmp/bench/gather-peer.jsonl ;;
     tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
                    # (tools/tma_row_probe.cu, tool_bin)
               timeout 120 "$(tool_bin tma_row_probe)" | tee /tmp/bench/tma-row-probe.txt ;;
