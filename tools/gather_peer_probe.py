@@ -77,6 +77,13 @@ def sparse_inputs(batch, L: int):
     return q, batch.kv_buffer, idx
 
 
+def sparse_runner(fm, q, kv, idx, scale: float):
+    """One call of FlashMLA's sm_90 gather kernel (its sparse prefill) -> out [BS, 128, 512]."""
+    def run():
+        return fm.flash_mla_sparse_fwd(q, kv, idx, scale, 512, use_legacy=True)[0]
+    return run
+
+
 def sparse_ref_rel_l2(out, q, kv, idx, scale: float, requests: int = 2) -> float:
     """Worst relative L2 error of ``out`` against an fp32 softmax over the prefix, first ``requests``."""
     import torch
@@ -91,19 +98,24 @@ def sparse_ref_rel_l2(out, q, kv, idx, scale: float, requests: int = 2) -> float
     return worst
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="264x2048,132x4096,66x8192")
     ap.add_argument("--layouts", default="fragmented,contiguous")
     ap.add_argument("--budget", type=float, default=0.4, help="seconds of replays per system and case (default 0.4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="append one JSON line per result here")
-    args = ap.parse_args()
-    try:
+    ap.add_argument("--once", action="store_true",
+                    help="no timing: each system's call made twice, eagerly, for a profiler (ncu) to catch")
+    args = ap.parse_args(argv)
+    try:  # every argument checked before any GPU time is spent
         cases = parse_cases(args.cases)
         layouts = parse_layouts(args.layouts)
+        if not args.budget > 0:
+            raise ValueError(f"--budget: expected seconds > 0, got {args.budget}")
     except ValueError as e:
-        ap.error(str(e))
+        print(f"gather_peer_probe: {e}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -124,15 +136,36 @@ def main() -> int:
             print(f"== {name} {layout} ({gpu})", flush=True)
             batch = workloads.make_batch([L] * bs, N_DRAFTS, HEADS, tree="chain", layout=layout,
                                          seed=args.seed, device=dev)
-            ref = reference.verify_attention_ref(*batch.ref_args())[0]
             q, kv, idx = sparse_inputs(batch, L)
+            if args.once:  # for ncu: the calls alone, nothing timed or checked here
+                tma = os.environ.get("KDTREE_TMA")
+                for system in SYSTEMS:
+                    if system == "ours-gather" and layout != "contiguous":
+                        continue
+                    if system == "fm-sparse":
+                        run = sparse_runner(fm, q, kv, idx, batch.sm_scale)
+                    else:
+                        if system == "ours-gather":
+                            os.environ["KDTREE_TMA"] = "0"
+                        run = PEERS["ours" if system == "ours-gather" else system].prepare(batch)
+                    for _ in range(2):
+                        run()
+                    torch.cuda.synchronize()
+                    if tma is None:
+                        os.environ.pop("KDTREE_TMA", None)
+                    else:
+                        os.environ["KDTREE_TMA"] = tma
+                    print(f"    {system}: 2 calls", flush=True)
+                del batch, q, kv, idx
+                torch.cuda.empty_cache()
+                continue
+            ref = reference.verify_attention_ref(*batch.ref_args())[0]
             preps: list[tuple[str, timing.Prepared]] = []
             for system in SYSTEMS:
                 if system == "ours-gather" and layout != "contiguous":
                     continue
                 if system == "fm-sparse":
-                    def run(q=q, kv=kv, idx=idx, scale=batch.sm_scale):
-                        return fm.flash_mla_sparse_fwd(q, kv, idx, scale, 512, use_legacy=True)[0]
+                    run = sparse_runner(fm, q, kv, idx, batch.sm_scale)
                     out = run()
                     torch.cuda.synchronize()
                     err = sparse_ref_rel_l2(out, q, kv, idx, batch.sm_scale)

@@ -8,7 +8,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: gather-peer tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
+# steps: gather-peer ncu-gather tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
@@ -77,6 +77,14 @@ for step in "$@"; do
                  # (tools/gather_peer_probe.py)
               $T python3 tools/gather_peer_probe.py ${GATHER_CASES:+--cases $GATHER_CASES} \
                 ${GATHER_LAYOUTS:+--layouts $GATHER_LAYOUTS} --json /tmp/bench/gather-peer.jsonl ;;
+    ncu-gather) # per-kernel cycles of the same probe's calls (--once: each system called twice, eagerly), ncu's
+                # clocks as found, caches flushed: our main kernel and combine, FlashMLA's dense kernel and combine,
+                # its gather kernel; the raw csv in /tmp/bench/ncu-gather.csv
+              timeout -k 5 ${STEP_TIMEOUT:-600} ncu --clock-control none --csv --metrics \
+                gpu__time_duration.sum,sm__cycles_elapsed.max,launch__grid_size,dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+                -k regex:"verify_attn|combine|sparse_attn_fwd|flash_fwd|mla_combine" python3 tools/gather_peer_probe.py --once \
+                ${GATHER_CASES:+--cases $GATHER_CASES} ${GATHER_LAYOUTS:+--layouts $GATHER_LAYOUTS} > /tmp/bench/ncu-gather.csv 2>&1
+              echo "ncu-gather rc=$?"; grep -c '^"[0-9]' /tmp/bench/ncu-gather.csv; grep -E '^==|calls|Error|error' /tmp/bench/ncu-gather.csv | head -20 ;;
     tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
                    # (tools/tma_row_probe.cu, tool_bin)
               timeout 120 "$(tool_bin tma_row_probe)" | tee /tmp/bench/tma-row-probe.txt ;;
