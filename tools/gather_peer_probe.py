@@ -33,6 +33,7 @@ Nothing here is evidence of a gate; `nox -s bench` stays the measurement of reco
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -71,9 +72,11 @@ def parse_layouts(text: str) -> list[str]:
 
 def sparse_inputs(batch, L: int):
     """(q [BS, 128, 576], kv [pool, 1, 576], indices [BS, 1, L] int32) of a batch of equal prefixes."""
+    import torch
+
     bs = batch.bs
     q = batch.q.reshape(bs, N_DRAFTS * HEADS, batch.q.shape[-1]).contiguous()
-    idx = batch.kv_indices.reshape(bs, 1, L).to(dtype=__import__("torch").int32).contiguous()
+    idx = batch.kv_indices.reshape(bs, 1, L).to(dtype=torch.int32).contiguous()
     return q, batch.kv_buffer, idx
 
 
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gather_peer_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
-    fm = __import__("flash_mla")
+    fm = importlib.import_module("flash_mla")
     dev = torch.device("cuda")
     gpu = torch.cuda.get_device_name(0)
     rows = []
