@@ -1,7 +1,7 @@
 """FlashMLA's own page-size-1 gather kernel beside ours and FlashMLA's dense decode, on one workload.
 
     KDTREE_LIB=build/lib/libkdtree_verify.so PYTHONPATH=src python3 tools/gather_peer_probe.py \
-        [--cases 264x2048,132x4096,66x8192] [--layouts fragmented,contiguous] [--json FILE]
+        [--cases 264x2048,132x4096,66x8192] [--layouts fragmented,contiguous] [--json FILE] [--once]
 
 Issue 16 compares our kernel on random slot ids (SGLang's page size 1) with FlashMLA's dense
 decode on its own contiguous 64-token pages, which it loads by TMA. FlashMLA also ships a kernel
@@ -27,7 +27,9 @@ an fp32 softmax over the prefix on the first two requests; the other systems aga
 oracle's reference. One input set per case: a case's KV (BS x L x 1152 bytes, 623 MB for the
 defaults) is ~12x the H200's L2, so a replay finds little of it there.
 
-Nothing here is evidence of a gate; `nox -s bench` stays the measurement of record.
+`--once` makes each system's call twice, eagerly, with nothing timed or checked, for ncu to
+catch (gpu_session.sh step `ncu-gather`). Nothing here is evidence of a gate; `nox -s bench`
+stays the measurement of record.
 """
 
 from __future__ import annotations
