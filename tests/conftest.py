@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,7 @@ def load_tool(name: str):
     """Import ``tools/<name>.py`` (the tools are scripts, not a package) as a module."""
     spec = importlib.util.spec_from_file_location(name, PROJECT / "tools" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # before it runs: a dataclass looks its module up there (importlib's recipe)
     spec.loader.exec_module(mod)
     return mod
 
