@@ -58,6 +58,7 @@ def test_cases_are_parsed_and_bad_ones_named():
     (["--cases", ","], "--cases: no case given"),
     (["--layouts", "sideways"], "--layouts: expected names of"),
     (["--budget", "0"], "--budget: expected seconds > 0, got 0.0"),
+    (["--label", " "], "--label: expected a name for the library"),
 ])
 def test_bad_arguments_are_refused_by_name(argv, says, capsys):
     assert gp.main(argv) == 2

@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.4, help="seconds of replays per system and case (default 0.4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="append one JSON line per result here")
+    ap.add_argument("--label", default="lib",
+                    help="names the library in each JSON line (gpu_session's gather-peer: each GATHER_LIBS folder's name)")
     ap.add_argument("--once", action="store_true",
                     help="no timing: each system's call made twice, eagerly, for a profiler (ncu) to catch")
     args = ap.parse_args(argv)
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         layouts = parse_layouts(args.layouts)
         if not args.budget > 0:
             raise ValueError(f"--budget: expected seconds > 0, got {args.budget}")
+        if not args.label.strip():
+            raise ValueError("--label: expected a name for the library, got an empty one")
     except ValueError as e:
         print(f"gather_peer_probe: {e}", file=sys.stderr)
         return 2
@@ -197,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                 m = p.m
                 if m.replay_us is None:  # not capturable: its eager figure (host launch path included)
                     timing.time_eager(p, budget_s=args.budget)
-                row = dict(case=name, bs=bs, L=L, layout=layout, system=system, replay_us=m.replay_us,
+                row = dict(label=args.label, lib=os.environ.get("KDTREE_LIB", ""), case=name, bs=bs, L=L,
+                           layout=layout, system=system, replay_us=m.replay_us,
                            eager_us=m.eager_us, reps=m.replay_reps, calls=m.calls, correct=m.correct, gpu=gpu,
                            graph_error=m.graph_error)
                 rows.append(row)

@@ -14,7 +14,7 @@
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 #        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS, CLOCK_LAYOUT (clock-probe)
-#        GATHER_CASES, GATHER_LAYOUTS (gather-peer: tools/gather_peer_probe.py's --cases, --layouts)
+#        GATHER_CASES, GATHER_LAYOUTS, GATHER_LIBS (gather-peer: tools/gather_peer_probe.py's --cases, --layouts; the libraries)
 set -uo pipefail
 commit=$1; shift
 # a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
@@ -74,9 +74,12 @@ for step in "$@"; do
     mma-peak) # this GPU's mma.sync bf16 ceiling, operands in registers (tools/mma_peak.cu, tool_bin)
               "$(tool_bin mma_peak)" | tee /tmp/bench/mma-peak.txt ;;
     gather-peer) # FlashMLA's own gather kernel (its sm_90 sparse prefill) beside ours and its dense decode
-                 # (tools/gather_peer_probe.py)
-              $T python3 tools/gather_peer_probe.py ${GATHER_CASES:+--cases $GATHER_CASES} \
-                ${GATHER_LAYOUTS:+--layouts $GATHER_LAYOUTS} --json /tmp/bench/gather-peer.jsonl ;;
+                 # (tools/gather_peer_probe.py), once per library of GATHER_LIBS (default build/lib; each in its own
+                 # process, its rows labelled with the folder's name)
+              for d in ${GATHER_LIBS:-build/lib}; do
+                KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/gather_peer_probe.py ${GATHER_CASES:+--cases $GATHER_CASES} \
+                  ${GATHER_LAYOUTS:+--layouts $GATHER_LAYOUTS} --label $(basename $d) --json /tmp/bench/gather-peer.jsonl
+              done ;;
     ncu-gather) # per-kernel cycles of the same probe's calls (--once: each system called twice, eagerly), ncu's
                 # clocks as found, caches flushed: our main kernel and combine, FlashMLA's dense kernel and combine,
                 # its gather kernel; the raw csv in /tmp/bench/ncu-gather.csv
