@@ -21,11 +21,15 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from kdtree_engine.bench import gate, suites
 from kdtree_engine.bench.data import DEFAULT_L2_BYTES
 from kdtree_engine.bench.peers import PEERS
 from kdtree_engine.oracle import workloads
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: FlashMLA-from-source peers
+import fm_src_peer  # noqa: E402
 
 EXTEND_MODULE = "sglang.kernels.ops.attention.extend_attention"
 
@@ -96,10 +100,18 @@ def main() -> int:
     ap.add_argument("--sglang-capability", default=None, metavar="MAJOR,MINOR",
                     help="SGLang's extend kernel takes the block sizes of this compute capability "
                          "(e.g. 12,0: sm_120's), on this GPU")
+    ap.add_argument("--fm-src", action="append", default=[], metavar="LABEL=DIR",
+                    help="time FlashMLA built from source (tools/build_fm_src.py) in DIR as system LABEL "
+                         "(tools/fm_src_peer.py; repeatable)")
     args = ap.parse_args()
 
     import torch
 
+    try:
+        fm_src_peer.register(args.fm_src)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     try:
         suite, known, names, systems = pick(args.suite, args.cases, args.systems, args.layout)
     except ValueError as e:

@@ -37,6 +37,7 @@ from kdtree_engine.bench.peers import PEERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: ab_bench's argument checks
 import ab_bench  # noqa: E402
+import fm_src_peer  # noqa: E402
 
 QUERY = "clocks.sm,power.draw.instant,temperature.gpu"
 
@@ -127,8 +128,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="slot layout for every case (as ab_bench's; e.g. contiguous, where ours loads by TMA boxes "
                          "unless KDTREE_TMA=0)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fm-src", action="append", default=[], metavar="LABEL=DIR",
+                    help="time FlashMLA built from source (tools/build_fm_src.py) in DIR as system LABEL "
+                         "(tools/fm_src_peer.py; repeatable)")
     args = ap.parse_args(argv)
 
+    try:
+        fm_src_peer.register(args.fm_src)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     try:
         _, known, names, systems = ab_bench.pick(args.suite, args.cases, args.systems, args.layout)
     except ValueError as e:

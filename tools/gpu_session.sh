@@ -15,6 +15,8 @@
 #        RACECHECK_BIN, RACECHECK_LIBS, RACECHECK_CASES (racecheck: a carried racecheck_min, libraries, sanitize_case.py cases)
 #        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS, CLOCK_LAYOUT (clock-probe)
 #        GATHER_CASES, GATHER_LAYOUTS, GATHER_LIBS (gather-peer: tools/gather_peer_probe.py's --cases, --layouts; the libraries)
+#        FM_SRC ("LABEL=DIR ...": FlashMLA built from source by tools/build_fm_src.py, carried in build/variants.tar.xz;
+#        ab-bench and clock-probe register each as system LABEL, to be named in AB_FIRST_SYSTEMS or CLOCK_SYSTEMS)
 set -uo pipefail
 commit=$1; shift
 # a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
@@ -38,6 +40,8 @@ python3 -c "from kdtree_engine.kernel import library; p = library.provenance(); 
 # STEP_TIMEOUT (s) bounds the oracle and A/B steps: an experimental kernel that hangs
 # costs that much device time, not the whole call
 T="timeout -k 5 ${STEP_TIMEOUT:-1200}"
+# FlashMLA-from-source peers (tools/fm_src_peer.py) for the ab-bench and clock-probe steps
+FMS=""; for fm_spec in ${FM_SRC:-}; do FMS="$FMS --fm-src $fm_spec"; done
 # the oracle's case selection, shared by the oracle and oracle-libs steps
 ORACLE_ARGS="${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targets $ORACLE_TARGETS}"
 # racecheck with every report (the racecheck and racecheck-kernel steps)
@@ -185,7 +189,7 @@ for step in "$@"; do
               for r in $(seq ${AB_ROUNDS:-1}); do for d in ${AB_LIBS:-build/lib}; do
                 sys=${AB_SYSTEMS:-ours}; [ $first = 1 ] && [ -n "${AB_FIRST_SYSTEMS:-}" ] && sys=$sys,$AB_FIRST_SYSTEMS; first=0
                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/ab_bench.py --label $(basename $d) --suite ${AB_SUITE:-micro} \
-                  ${AB_CASES:+--cases $AB_CASES} ${AB_LAYOUT:+--layout $AB_LAYOUT} ${AB_EXTRA:-} --systems $sys --masks ${AB_MASKS:-tree} --json /tmp/bench/ab-bench.jsonl 2>&1 \
+                  ${AB_CASES:+--cases $AB_CASES} ${AB_LAYOUT:+--layout $AB_LAYOUT} ${AB_EXTRA:-} $FMS --systems $sys --masks ${AB_MASKS:-tree} --json /tmp/bench/ab-bench.jsonl 2>&1 \
                   | grep -E "^\| |Error|error|WRONG"
               done; done ;;
     clock-probe) # tools/clock_probe.py: the SM clock and board power while each system's replays run back to back
@@ -193,7 +197,7 @@ for step in "$@"; do
                  # ours,flashmla), once per library of CLOCK_LIBS (default build/lib)
               for d in ${CLOCK_LIBS:-build/lib}; do
                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 tools/clock_probe.py --label $(basename $d) \
-                  --cases ${CLOCK_CASES:?CLOCK_CASES: comma list of micro case names} --systems ${CLOCK_SYSTEMS:-ours,flashmla} \
+                  --cases ${CLOCK_CASES:?CLOCK_CASES: comma list of micro case names} --systems ${CLOCK_SYSTEMS:-ours,flashmla} $FMS \
                   --seconds ${CLOCK_SECONDS:-1.5} --rounds ${CLOCK_ROUNDS:-2} ${CLOCK_LAYOUT:+--layout $CLOCK_LAYOUT} --json /tmp/bench/clock-probe.jsonl 2>&1 \
                   | grep -E "^==|round|bench:|reading|Error|error|WRONG|labelled"
               done ;;
