@@ -8,7 +8,7 @@
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's, and on 2026-11-29 it named an older commit (evidence mislabelled).
-# steps: gather-peer ncu-gather tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
+# steps: ncu-fm-src gather-peer ncu-gather tma-row-probe racecheck-kernel ab-bench clock-probe ncu-metrics mma-peak ab-native sm120-ab ncu-sm120 gpu-test-serving count-launches ab-micro ncu-stalls ncu-flashmla nox-oracle gpu-tests gpu-test-op gpu-test-graph ncu oracle oracle-quick oracle-mma oracle-libs
 #        first-look first-look-mma sanitize racecheck integrate graph defrag bench-micro bench-long bench-frag bench-graph bench-gpu-tests
 # env:   AB_SHAPES (sm120-ab, ab-native: "bs,N,H,L ..."), AB_ENV, AB_ROUNDS (ab-native), NCU_CASE (ncu-sm120: "bs N H L"), ORACLE_GROUPS, ORACLE_TARGETS, ORACLE_LIBS, STEP_TIMEOUT, BENCH_BUDGET, AB_SUITE, AB_SYSTEMS, AB_LIBS, NCU_CASES, NCU_KERNEL,
 #        AB_CASES, AB_MASKS, AB_FIRST_SYSTEMS, AB_LAYOUT, AB_EXTRA (more ab_bench.py flags, e.g. --alone) (ab-bench), NCU_NOHINT (ncu-metrics), NCU_LAYOUT (ncu_case.py),
@@ -16,7 +16,8 @@
 #        CLOCK_CASES, CLOCK_SYSTEMS, CLOCK_SECONDS, CLOCK_ROUNDS, CLOCK_LIBS, CLOCK_LAYOUT (clock-probe)
 #        GATHER_CASES, GATHER_LAYOUTS, GATHER_LIBS (gather-peer: tools/gather_peer_probe.py's --cases, --layouts; the libraries)
 #        FM_SRC ("LABEL=DIR ...": FlashMLA built from source by tools/build_fm_src.py, carried in build/variants.tar.xz;
-#        ab-bench and clock-probe register each as system LABEL, to be named in AB_FIRST_SYSTEMS or CLOCK_SYSTEMS)
+#        ab-bench and clock-probe register each as system LABEL, to be named in AB_FIRST_SYSTEMS or CLOCK_SYSTEMS;
+#        ncu-fm-src profiles each)
 set -uo pipefail
 commit=$1; shift
 # a warm device keeps /tmp between calls: start this invocation's evidence and reports empty, so that
@@ -245,6 +246,18 @@ for step in "$@"; do
            grep -E "^  [a-zA-Z_:<>, 0-9()]+\(|Duration|Grid Size|Registers Per|Issue Slots Busy|Tensor" /tmp/bench/$n.txt | head -60
            rm -f /tmp/bench/$n.ncu-rep
          done ;;
+    ncu-fm-src) # FlashMLA built from source (FM_SRC "LABEL=DIR ...", tools/build_fm_src.py, -lineinfo) under ncu --set full:
+                # its main kernel's third call on NCU_CASES ("bs,N,H,L ..."), its raw metrics, details and source page
+         for spec in ${FM_SRC:?FM_SRC: LABEL=DIR of tools/build_fm_src.py builds}; do for c in ${NCU_CASES:-32,8,16,8192}; do
+           n=ncu-${spec%%=*}-${c//,/-}
+           timeout 200 ncu --clock-control none --set full --import-source no -k regex:splitkv_mla_kernel --launch-skip 2 -c 1 \
+             -o /tmp/bench/$n python3 tools/ncu_flashmla.py ${c//,/ } --fm-src ${spec#*=} || continue
+           ncu --import /tmp/bench/$n.ncu-rep --page raw --csv > /tmp/bench/$n-raw.csv
+           ncu --import /tmp/bench/$n.ncu-rep --page source --csv --print-source sass > /tmp/bench/$n-sass.csv 2>/tmp/bench/$n-sass.err
+           ncu --import /tmp/bench/$n.ncu-rep --page details > /tmp/bench/$n.txt
+           echo "--- $n"; grep -E "Duration|Elapsed Cycles|SM Frequency|Warp Cycles Per Issued|Issue Slots Busy" /tmp/bench/$n.txt
+           rm -f /tmp/bench/$n.ncu-rep
+         done; done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "=== $step rc=$?"
