@@ -60,10 +60,12 @@ def extend_blocks() -> tuple:
     return importlib.import_module(EXTEND_MODULE)._get_block_sizes_for_extend_attention(576, 512)
 
 
-def pick(suite_name: str, cases: str, systems: str, layout: str | None = None):
+def pick(suite_name: str, cases: str, systems: str, layout: str | None = None, fm_src: list[str] = ()):
     """``--suite``, ``--cases``, ``--systems`` (comma lists) and ``--layout`` -> (suite, its cases by
     name, the names asked for, the systems); a ValueError names the flag and what it does not know.
+    ``--fm-src`` specs are registered first (tools/fm_src_peer.py), so --systems may name them.
     tools/clock_probe.py takes its cases, systems and layout through this too."""
+    fm_src_peer.register(list(fm_src))
     if layout is not None and layout not in workloads.LAYOUTS:
         raise ValueError(f"--layout: expected one of {', '.join(workloads.LAYOUTS)}, got {layout!r}")
     suite = suites.get_suite(suite_name)
@@ -100,20 +102,13 @@ def main() -> int:
     ap.add_argument("--sglang-capability", default=None, metavar="MAJOR,MINOR",
                     help="SGLang's extend kernel takes the block sizes of this compute capability "
                          "(e.g. 12,0: sm_120's), on this GPU")
-    ap.add_argument("--fm-src", action="append", default=[], metavar="LABEL=DIR",
-                    help="time FlashMLA built from source (tools/build_fm_src.py) in DIR as system LABEL "
-                         "(tools/fm_src_peer.py; repeatable)")
+    fm_src_peer.add_argument(ap)
     args = ap.parse_args()
 
     import torch
 
     try:
-        fm_src_peer.register(args.fm_src)
-    except ValueError as e:
-        print(e, file=sys.stderr)
-        return 2
-    try:
-        suite, known, names, systems = pick(args.suite, args.cases, args.systems, args.layout)
+        suite, known, names, systems = pick(args.suite, args.cases, args.systems, args.layout, args.fm_src)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2

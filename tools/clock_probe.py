@@ -128,18 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="slot layout for every case (as ab_bench's; e.g. contiguous, where ours loads by TMA boxes "
                          "unless KDTREE_TMA=0)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--fm-src", action="append", default=[], metavar="LABEL=DIR",
-                    help="time FlashMLA built from source (tools/build_fm_src.py) in DIR as system LABEL "
-                         "(tools/fm_src_peer.py; repeatable)")
+    fm_src_peer.add_argument(ap)
     args = ap.parse_args(argv)
 
     try:
-        fm_src_peer.register(args.fm_src)
-    except ValueError as e:
-        print(e, file=sys.stderr)
-        return 2
-    try:
-        _, known, names, systems = ab_bench.pick(args.suite, args.cases, args.systems, args.layout)
+        _, known, names, systems = ab_bench.pick(args.suite, args.cases, args.systems, args.layout,
+                                                   args.fm_src)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2

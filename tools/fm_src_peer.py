@@ -20,6 +20,13 @@ from pathlib import Path
 LIB_NAME = "libfm_dense.so"
 
 
+def add_argument(ap) -> None:
+    """The ``--fm-src`` flag of the tools that take these peers (ab_bench.py, clock_probe.py)."""
+    ap.add_argument("--fm-src", action="append", default=[], metavar="LABEL=DIR",
+                    help="time FlashMLA built from source (tools/build_fm_src.py) in DIR as system LABEL "
+                         "(tools/fm_src_peer.py; repeatable)")
+
+
 def parse_spec(spec: str, taken) -> tuple[str, Path]:
     """``LABEL=DIR`` -> (label, DIR/libfm_dense.so); a ValueError names what is wrong."""
     label, sep, folder = spec.partition("=")
