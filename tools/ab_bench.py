@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from kdtree_engine.bench import gate, suites
@@ -60,7 +61,7 @@ def extend_blocks() -> tuple:
     return importlib.import_module(EXTEND_MODULE)._get_block_sizes_for_extend_attention(576, 512)
 
 
-def pick(suite_name: str, cases: str, systems: str, layout: str | None = None, fm_src: list[str] = ()):
+def pick(suite_name: str, cases: str, systems: str, layout: str | None = None, fm_src: Sequence[str] = ()):
     """``--suite``, ``--cases``, ``--systems`` (comma lists) and ``--layout`` -> (suite, its cases by
     name, the names asked for, the systems); a ValueError names the flag and what it does not know.
     ``--fm-src`` specs are registered first (tools/fm_src_peer.py), so --systems may name them.

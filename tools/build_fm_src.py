@@ -96,16 +96,13 @@ def edit_no_kv_loads(text: str) -> str:
     return text
 
 
-def _tree_to(tree, dest: Path, skip: tuple[str, ...] = ()) -> int:
-    n = 0
+def _tree_to(tree, dest: Path, skip: tuple[str, ...] = ()) -> None:
     for item in tree.traverse():
         if item.type != "blob" or any(item.path.startswith(s) for s in skip):
             continue
         out = dest / item.path
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(item.data_stream.read())
-        n += 1
-    return n
 
 
 def open_repo(path: Path):
@@ -194,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.time()
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(cmds)) as ex:
             runs = list(ex.map(lambda c: subprocess.run(c, capture_output=True, text=True), cmds))
-        runs.append(subprocess.run(link, capture_output=True, text=True))
+        if all(r.returncode == 0 for r in runs):
+            runs.append(subprocess.run(link, capture_output=True, text=True))
         log = "".join(r.stdout + r.stderr for r in runs)
         bad = [r for r in runs if r.returncode != 0]
         if bad:
