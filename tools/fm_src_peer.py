@@ -122,14 +122,14 @@ def make_peer(label: str, path: Path):
                     q4.data_ptr(), k_cache.data_ptr(), table.data_ptr(), seqlens.data_ptr(),
                     sched.data_ptr(), splits.data_ptr(), parts,
                     out.data_ptr(), lse.data_ptr(), lse_acc.data_ptr(), o_acc.data_ptr())
-            keep = (q4, k_cache, table, seqlens, sched, splits, lse, lse_acc, o_acc)  # alive while run is
+            keep = (q4, k_cache, table, seqlens, sched, splits, lse, lse_acc, o_acc)
 
             def run():
                 if lib.fm_src_decode(*args, torch.cuda.current_stream().cuda_stream):
                     raise RuntimeError(f"{label}: FlashMLA's decode failed to launch")
-                run.keep = keep
                 return out
 
+            run.keep = keep  # the buffers the library reads, alive while run is
             return run
 
     return FlashMLASource()
