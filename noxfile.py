@@ -1,6 +1,6 @@
 """nox sessions: one per gate (docs/design.md section 3), plus ``tests`` and ``lint``.
 
-Every gate session runs ``python -m kdtree_engine <gate> *posargs``, which
+Every gate session runs ``python -m kdtree_pipeline <gate> *posargs``, which
 writes the gate's evidence record. Its arguments are checked first (a bad bench
 suite or system is named before anything else). GPU gates are ``default=False``
 and tagged ``gpu``; on a machine without a CUDA device they fail with one
@@ -52,6 +52,11 @@ def _has_venv(session: nox.Session) -> bool:
     return session.venv_backend != "none"
 
 
+#: kdtree_pipeline is not installed: every session imports it from the checkout's src/.
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src")
+PIPELINE_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH", "")) if p)}
+
+
 def _python(session: nox.Session) -> str:
     """The venv's python, or with --no-venv the interpreter running nox."""
     return "python" if _has_venv(session) else sys.executable
@@ -69,7 +74,7 @@ def _install_project(session: nox.Session, extras: str = PROJECT_EXTRAS) -> None
 
 ARGS_CHECK = (
     "import sys\n"
-    "from kdtree_engine.__main__ import check_args\n"
+    "from kdtree_pipeline.__main__ import check_args\n"
     "print(check_args(sys.argv[1], sys.argv[2:]) or 'args-ok')\n"
 )
 
@@ -77,7 +82,8 @@ ARGS_CHECK = (
 def _check_args(session: nox.Session, gate: str, args: tuple[str, ...]) -> None:
     """Refuse bad gate arguments (e.g. an unknown bench suite) before any GPU check:
     the same pure check the module entry point runs first."""
-    out = session.run(_python(session), "-c", ARGS_CHECK, gate, *args, silent=True, log=False) or ""
+    out = session.run(_python(session), "-c", ARGS_CHECK, gate, *args, silent=True, log=False,
+                      env=PIPELINE_ENV) or ""
     lines = out.strip().splitlines()
     if not lines or lines[-1] != "args-ok":
         session.error(f"gate {gate}: {lines[-1] if lines else 'the argument check printed nothing'}")
@@ -99,7 +105,7 @@ def _gate(session: nox.Session, gate: str, *, gpu: bool, default_args: tuple[str
     _check_args(session, gate, args)
     if gpu:
         _require_cuda(session, gate)
-    session.run(_python(session), "-m", "kdtree_engine", gate, *args)
+    session.run(_python(session), "-m", "kdtree_pipeline", gate, *args, env=PIPELINE_ENV)
 
 
 # Gate venvs see the system site-packages, so an installed torch is reused.

@@ -1,6 +1,6 @@
 """invoke tasks: ``invoke phase0`` .. ``invoke phase5``, ``invoke record``, ``invoke status``, ``invoke plan``.
 
-Only orchestration lives here; the logic is in ``kdtree_engine.pipeline``.
+Only orchestration lives here; the logic is in ``kdtree_pipeline``.
 Settings come from invoke.yaml (overridable as ``INVOKE_KDTREE_*``).
 A refusal exits 2 with one sentence; a failed gate exits 1.
 """
@@ -8,16 +8,19 @@ A refusal exits 2 with one sentence; a failed gate exits 1.
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from invoke import Context, Exit, task
 
-from kdtree_engine.pipeline import plan as _plan
-from kdtree_engine.pipeline import run as _run
-from kdtree_engine.pipeline.phases import Gate
-
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "src"))  # kdtree_pipeline runs from the checkout; it is not installed
+
+from kdtree_pipeline import plan as _plan  # noqa: E402
+from kdtree_pipeline import run as _run  # noqa: E402
+from kdtree_pipeline.phases import Gate  # noqa: E402
+
 PHASE_HELP = {
     "evidence": "record from evidence made elsewhere (a folder of <gate>.json); runs no gate",
     "no_commit": "write the plan files but do not commit them",

@@ -68,7 +68,7 @@ import nox
 
 SCRIPT = """
 import os, sys
-from kdtree_engine.pipeline import evidence
+from kdtree_pipeline import evidence
 gate, variant = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
 ok = os.environ.get("FAIL_GATE") != gate
 rec = evidence.make_record(gate, ok, {"value": 1.5, "count": 3}, f"{gate} fine" if ok else "broke",
@@ -111,8 +111,8 @@ def stamp_library(root: Path, data: bytes = b"stand-in kernel library\n") -> Pat
 @pytest.fixture
 def project_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A real git repository (branch main, one commit) laid out like the project:
-    tasks.py, invoke.yaml and templates/ copied from this checkout, a tiny src/
-    and csrc/, and a stand-in noxfile whose gate sessions write evidence."""
+    tasks.py, invoke.yaml, templates/ and src/ copied from this checkout, a tiny csrc/,
+    and a stand-in noxfile whose gate sessions write evidence."""
     for var in ("KDTREE_ROOT", "KDTREE_EVIDENCE_DIR", "KDTREE_GIT_COMMIT", "KDTREE_NOX_NO_VENV"):
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "proj"
@@ -123,8 +123,9 @@ def project_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "noxfile.py").write_text(FAKE_NOXFILE)
     (root / "csrc").mkdir()
     (root / "csrc" / "kernel.cu").write_text('extern "C" int kdtree_verify(void) { return 0; }\n')
-    (root / "src" / "kdtree_engine").mkdir(parents=True)
-    (root / "src" / "kdtree_engine" / "__init__.py").write_text('"""stand-in"""\n')
+    # the real packages: tasks.py puts this src/ first on sys.path (kdtree_pipeline runs from the checkout)
+    for pkg in ("kdtree_engine", "kdtree_pipeline"):
+        shutil.copytree(PROJECT / "src" / pkg, root / "src" / pkg, ignore=shutil.ignore_patterns("__pycache__", "_lib"))
     (root / "README.md").write_text("temporary project\n")
     (root / ".gitignore").write_text("/build/\n__pycache__/\n.nox/\n")
     stamp_library(root)

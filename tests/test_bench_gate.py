@@ -18,10 +18,10 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from kdtree_engine.bench import gate, peers, roofline, suites
-from kdtree_engine.bench.suites import Case, Suite
-from kdtree_engine.oracle import reference
-from kdtree_engine.pipeline import evidence
+from kdtree_pipeline import evidence
+from kdtree_pipeline.bench import gate, peers, roofline, suites
+from kdtree_pipeline.bench.suites import Case, Suite
+from kdtree_pipeline.oracle import reference
 
 
 def test_bad_suite_and_systems_exit_2(capsys, tmp_path):
@@ -368,7 +368,7 @@ class _LoggedGraph:
 
 
 def _prepared(name, ms, log, **kw):
-    from kdtree_engine.bench import timing
+    from kdtree_pipeline.bench import timing
 
     return timing.Prepared([lambda: None], timing.Measurement(calls=2), _LoggedGraph(name, ms, log, **kw))
 
@@ -378,7 +378,7 @@ def test_side_by_side_replays_interleave_in_alternating_order(fake_cuda, monkeyp
     set is timed only right after one other: the tree/chain and sm_120/Hopper ratios do not
     depend on which was timed first. The replays advance a fake clock that the events read
     (real sleeps overshot 1 ms by 3 on a loaded 2-core machine, and a's count fell to c's)."""
-    from kdtree_engine.bench import timing
+    from kdtree_pipeline.bench import timing
 
     clock = [0.0]  # ms, in whole steps: exact in floating point
     monkeypatch.setattr(_Event, "record", lambda self, stream=None: setattr(self, "t", clock[0]))
@@ -397,7 +397,7 @@ def test_side_by_side_replays_interleave_in_alternating_order(fake_cuda, monkeyp
 
 
 def test_a_replay_fault_leaves_every_set_without_a_graph_figure(fake_cuda):
-    from kdtree_engine.bench import timing
+    from kdtree_pipeline.bench import timing
 
     log: list[str] = []
     a, b = _prepared("a", 0.5, log), _prepared("b", 0.5, log, fail_at=5)
@@ -408,7 +408,7 @@ def test_a_replay_fault_leaves_every_set_without_a_graph_figure(fake_cuda):
 
 def _replay_groups(monkeypatch) -> list[int]:
     """The size of each group of replays timing.time_replays is given, appended as it is called."""
-    from kdtree_engine.bench import timing
+    from kdtree_pipeline.bench import timing
 
     groups: list[int] = []
     real = timing.time_replays
@@ -446,7 +446,7 @@ def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch,
 def test_run_case_times_the_group_it_is_given(fake_cuda, monkeypatch, together, groups):
     """run_case's side_by_side names the interleaved group (tools/ab_bench.py passes its own);
     the module's default group is left as it was."""
-    from kdtree_engine.bench import gate
+    from kdtree_pipeline.bench import gate
 
     default = gate.SIDE_BY_SIDE
     seen = _replay_groups(monkeypatch)
@@ -463,7 +463,7 @@ def test_a_fatal_fault_while_flushing_marks_the_waiting_side_by_side_runs_not_ti
     """A sticky fault found while the side-by-side systems' eager figures are taken ends the case:
     the run that failed is recorded with its own error, every run still waiting says it was not
     timed, none is recorded twice, no graph is kept, and no peer is started."""
-    from kdtree_engine.bench import timing
+    from kdtree_pipeline.bench import timing
 
     prepared: list[timing.Prepared] = []
     real_prepare = timing.prepare

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_engine.bench import data, roofline, timing
-from kdtree_engine.bench.peers import PEERS, PeerUnsupported
-from kdtree_engine.bench.suites import Case
-from kdtree_engine.oracle import reference
+from kdtree_pipeline.bench import data, roofline, timing
+from kdtree_pipeline.bench.peers import PEERS, PeerUnsupported
+from kdtree_pipeline.bench.suites import Case
+from kdtree_pipeline.oracle import reference
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from kdtree_engine.bench import report
-from kdtree_engine.bench.results import Result, Table
-from kdtree_engine.bench.roofline import Ceilings, floor_terms
-from kdtree_engine.bench.suites import SUITES, Case, Suite
-from kdtree_engine.bench.targets import evaluate
+from kdtree_pipeline.bench import report
+from kdtree_pipeline.bench.results import Result, Table
+from kdtree_pipeline.bench.roofline import Ceilings, floor_terms
+from kdtree_pipeline.bench.suites import SUITES, Case, Suite
+from kdtree_pipeline.bench.targets import evaluate
 
 CASES = (Case(1, 16, 8, 23000), Case(1, 16, 8, 65536), Case(1, 64, 8, 65536))
 SUITE = Suite("lc-test", "a test suite", CASES, ("ours", "sglang-extend", "sglang-splitkv", "flashmla"),

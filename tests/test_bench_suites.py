@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_engine.bench import data, roofline, suites
-from kdtree_engine.bench.peers import PEERS, PeerUnsupported, paged_chain_cache
-from kdtree_engine.bench.suites import Case
-from kdtree_engine.oracle import reference, workloads
+from kdtree_pipeline.bench import data, roofline, suites
+from kdtree_pipeline.bench.peers import PEERS, PeerUnsupported, paged_chain_cache
+from kdtree_pipeline.bench.suites import Case
+from kdtree_pipeline.oracle import reference, workloads
 
 # docs/design.md section 6, as printed there: (bs, T, H, ctx) and its floor in microseconds
 DESIGN_ROWS = [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kdtree_engine.bench.gate import verdict
-from kdtree_engine.bench.results import Result, Table
-from kdtree_engine.bench.suites import SUITES, Case
-from kdtree_engine.bench.targets import SPECS, evaluate, gate_passes
+from kdtree_pipeline.bench.gate import verdict
+from kdtree_pipeline.bench.results import Result, Table
+from kdtree_pipeline.bench.suites import SUITES, Case
+from kdtree_pipeline.bench.targets import SPECS, evaluate, gate_passes
 
 H200 = "NVIDIA H200"
 LC = [Case(1, 16, 8, 23000), Case(1, 16, 8, 65536)]

@@ -17,7 +17,7 @@ from kdtree_engine.defrag import (
     defrag,
     plan_defrag,
 )
-from kdtree_engine.defrag.gate import compaction_trial, random_pool
+from kdtree_pipeline.defrag import compaction_trial, random_pool
 
 D = 8  # latent width in these tests (the code is width-agnostic; the gate uses 576)
 

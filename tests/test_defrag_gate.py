@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from kdtree_engine.__main__ import main as dispatch
-from kdtree_engine.defrag import gate
-from kdtree_engine.pipeline.evidence import load_record
+from kdtree_pipeline import defrag as gate
+from kdtree_pipeline.__main__ import main as dispatch
+from kdtree_pipeline.evidence import load_record
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")

@@ -11,9 +11,9 @@ import pytest
 
 from kdtree_engine.kernel import build as B
 from kdtree_engine.kernel import library
-from kdtree_engine.pipeline import evidence
-from kdtree_engine.pipeline.phases import PHASES, phase
-from kdtree_engine.pipeline.run import PipelineError, load_evidence
+from kdtree_pipeline import evidence
+from kdtree_pipeline.phases import PHASES, phase
+from kdtree_pipeline.run import PipelineError, load_evidence
 
 CPU_GATES = ("build", "oracle-selftest")
 GPU_GATES = ("oracle", "bench", "integrate", "smoke", "graph", "defrag")
@@ -69,9 +69,9 @@ def test_a_cpu_gate_record_names_no_library_and_hashes_none(tree, monkeypatch, g
     def refuse(*a, **k):
         raise AssertionError("a CPU gate's record must not read library provenance")
 
-    monkeypatch.setattr(library, "provenance", refuse)
-    monkeypatch.setattr(B, "file_sha256", refuse)
-    monkeypatch.setattr(B, "csrc_hash", refuse)
+    monkeypatch.setattr(evidence, "provenance", refuse)
+    monkeypatch.setattr(evidence, "file_sha256", refuse)
+    monkeypatch.setattr(evidence, "csrc_hash", refuse)
     reads = _count_reads(monkeypatch)
     rec = evidence.make_record(gate, True, {}, "ok", device=None, root=tree)
     assert rec["library"] is None
@@ -91,7 +91,7 @@ def test_which_gates_run_the_kernel_library():
 
 
 def test_an_explicit_library_is_recorded_as_given(tree, monkeypatch):
-    monkeypatch.setattr(library, "provenance", lambda *a, **k: pytest.fail("given, not read"))
+    monkeypatch.setattr(evidence, "provenance", lambda *a, **k: pytest.fail("given, not read"))
     given = {"path": "/x.so", "matches": False, "why": "told"}
     assert evidence.make_record("build", True, {}, "ok", device=None, root=tree, library=given)["library"] == given
     assert evidence.make_record("oracle", True, {}, "ok", device=None, root=tree, library=None)["library"] is None

@@ -173,7 +173,7 @@ def test_a_changed_kernel_source_exits_3(sources, tmp_path, capsys):
 def peers_dict(monkeypatch):
     """bench.peers.PEERS, restored after the test (register adds to it)."""
     pytest.importorskip("torch")
-    from kdtree_engine.bench import peers
+    from kdtree_pipeline.bench import peers
 
     monkeypatch.setattr(peers, "PEERS", dict(peers.PEERS))
     return peers.PEERS
@@ -182,7 +182,7 @@ def peers_dict(monkeypatch):
 def test_register_adds_one_chain_only_peer_per_label(peers_dict, tmp_path):
     lib = tmp_path / "fmnold"
     lib.mkdir()
-    from kdtree_engine.bench import peers
+    from kdtree_pipeline.bench import peers
 
     assert fp.register([f"fmsrc={tmp_path / 'fmsrc'}", f"fmnold={lib}"]) == ["fmsrc", "fmnold"]
     assert peers.PEERS["fmnold"].path == lib / fp.LIB_NAME
@@ -199,7 +199,7 @@ def test_register_adds_one_chain_only_peer_per_label(peers_dict, tmp_path):
     ("fmsrc=build/lib/fmsrc/other.so", f"expected a folder holding {fp.LIB_NAME}"),
 ])
 def test_bad_specs_are_refused_and_nothing_is_registered(peers_dict, spec, says):
-    from kdtree_engine.bench import peers
+    from kdtree_pipeline.bench import peers
 
     before = dict(peers.PEERS)
     with pytest.raises(ValueError, match=re.escape(says)):

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kdtree_engine import __main__ as entry
-from kdtree_engine.bench import suites
-from kdtree_engine.kernel import build
+from kdtree_pipeline import __main__ as entry
+from kdtree_pipeline import build
+from kdtree_pipeline.bench import suites
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_every_suite_and_system_of_the_suites_module_is_accepted(monkeypatch):
 
 
 def test_module_entry_point_checks_before_anything(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "kdtree_engine", "bench", "--suite", "nope",
+    out = subprocess.run([sys.executable, "-m", "kdtree_pipeline", "bench", "--suite", "nope",
                           "--evidence-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "kdtree bench: --suite: expected one of" in out.stderr and "got 'nope'" in out.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import load_tool
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 gp = load_tool("gather_peer_probe")
 

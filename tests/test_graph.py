@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_engine.graph.capture import Capacity, check_fits
 from kdtree_engine.kernel.op import VerifyArgumentError
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.graph.capture import Capacity, check_fits
+from kdtree_pipeline.oracle import workloads
 
 CAP = Capacity(max_bs=4, max_n=8, max_prefix_tokens=4 * 100 + 4, num_heads=2, max_prefix_len=100)
 
@@ -47,7 +47,7 @@ def test_total_prefix_counts_padding():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_gate_small(tmp_path):
-    from kdtree_engine.graph import gate
+    from kdtree_pipeline.graph import gate
 
     # a small capacity: the replay steps' fixed prefixes (up to 23000) are capped to it
     assert gate.main(["--max-prefix", "2048", "--evidence-dir", str(tmp_path)]) == 0

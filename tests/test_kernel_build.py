@@ -3,6 +3,8 @@
 from pathlib import Path
 
 from kdtree_engine.kernel.build import BuildResult, parse_ptxas, serialized, spills
+from kdtree_pipeline import build as G
+from kdtree_pipeline import evidence
 
 # Shaped like nvcc 13.0's ptxas -v output: module-level notes come before the
 # "Compiling entry function" lines of the arch they belong to.
@@ -91,12 +93,11 @@ QREG_120 = ("ptxas info    : Compiling entry function '_ZN6kdtree27verify_attn_k
 
 
 def _fit(monkeypatch, spill=0, regs=255, **lib):
-    from kdtree_engine.kernel import build as B
     from kdtree_engine.kernel import library as L
 
     monkeypatch.setattr(L, "Library", lambda path: _FakeLib(path, **lib))
     res = _result(LOG.format(serial="", spill=0) + QREG_120.format(spill=spill, regs=regs))
-    return B.sm120_fit(res)
+    return G.sm120_fit(res)
 
 
 def test_the_sm120_tile_fits_sm120(monkeypatch):
@@ -127,7 +128,7 @@ def test_a_cached_build_counts_sass_it_could_not_count_before(tmp_path, monkeypa
     monkeypatch.setattr(B, "nvcc_version", lambda nvcc: "13.0")
     archs = B.parse_archs(None)
     flags = B.flags_for(archs)
-    root = B.evidence.repo_root()
+    root = B.source_root()
     (tmp_path / B.LIB_NAME).write_bytes(b"lib")
     stamp_file = tmp_path / (B.LIB_NAME + ".stamp.json")
     stamp = B._stamp(B.csrc_hash(root), flags, "13.0")
@@ -186,7 +187,7 @@ def test_the_gate_and_the_variant_tool_run_one_nvcc_command(tmp_path, monkeypatc
     monkeypatch.setattr(B.subprocess, "run", fake_nvcc)
     archs = B.parse_archs(None)
     B.build(out_dir=tmp_path, force=True)
-    root = B.evidence.repo_root()
+    root = B.source_root()
     assert seen == [B.nvcc_command(root, tmp_path / (B.LIB_NAME + ".tmp"), archs, nvcc="nvcc")]
     variant = B.nvcc_command(root, tmp_path / "v.so", archs, ["-DX=1"])
     gate = B.nvcc_command(root, tmp_path / "v.so", archs)
@@ -218,26 +219,26 @@ def test_a_library_names_the_sources_that_built_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(B.subprocess, "run", fake_nvcc)
     out = root / "build" / "lib"
-    assert library.provenance(root=root)["matches"] is None  # nothing built yet
+    assert evidence.provenance(root=root)["matches"] is None  # nothing built yet
     monkeypatch.delenv("KDTREE_BUILD_DIR", raising=False)
     res = B.build(root=root)  # no out_dir: the named tree's build/lib, where provenance looks
     assert res.library == out / B.LIB_NAME
-    prov = library.provenance(root=root)
+    prov = evidence.provenance(root=root)
     assert prov["path"] == str(res.library) and prov["matches"] is True
     assert prov["built_from_csrc"] == prov["tree_csrc"] == B.csrc_hash(root)
     (root / "csrc" / "k.cu").write_text("// kernel, edited after the build\n")
-    stale = library.provenance(root=root)
+    stale = evidence.provenance(root=root)
     assert stale["matches"] is False and "was built from csrc/" in stale["why"]
     B.build(out_dir=out, root=root)  # the stamp no longer matches: rebuilt
-    assert library.provenance(root=root)["matches"] is True
+    assert evidence.provenance(root=root)["matches"] is True
     res.library.write_bytes(b"copied over")
-    swapped = library.provenance(root=root)
+    swapped = evidence.provenance(root=root)
     assert swapped["matches"] is False and "not the file its build stamp describes" in swapped["why"]
     variant = tmp_path / "v" / B.LIB_NAME
     variant.parent.mkdir()
     variant.write_bytes(b"a variant")
     monkeypatch.setenv("KDTREE_LIB", str(variant))
-    v = library.provenance(root=root)
+    v = evidence.provenance(root=root)
     assert v["path"] == str(variant) and v["matches"] is None and "no readable build stamp" in v["why"]
 
 
@@ -268,7 +269,7 @@ def test_a_stamp_from_before_provenance_gains_the_hashes_without_a_rebuild(tmp_p
 
     monkeypatch.setattr(B.subprocess, "run", no_compile)
     assert not B.build(out_dir=out, root=root).rebuilt
-    assert library.provenance(root=root)["matches"] is True
+    assert evidence.provenance(root=root)["matches"] is True
 
 
 def test_the_library_is_looked_for_where_the_gate_writes_it(tmp_path, monkeypatch):
@@ -285,11 +286,11 @@ def test_the_library_is_looked_for_where_the_gate_writes_it(tmp_path, monkeypatc
     assert library.default_library_path() == tmp_path / "out" / B.LIB_NAME
     assert B.default_out_dir(tmp_path / "tree") == tmp_path / "out"
     assert library.default_library_path(tmp_path / "tree") == tmp_path / "out" / B.LIB_NAME
-    assert library.provenance(root=tmp_path / "tree")["path"] == str(library.default_library_path())
+    assert evidence.provenance(root=tmp_path / "tree")["path"] == str(library.default_library_path())
     monkeypatch.delenv("KDTREE_BUILD_DIR")
     assert B.default_out_dir(tmp_path / "tree") == tmp_path / "tree" / "build" / "lib"
     assert library.default_library_path(tmp_path / "tree") == tmp_path / "tree" / "build" / "lib" / B.LIB_NAME
-    assert B.default_out_dir() == B.evidence.repo_root() / "build" / "lib"
+    assert B.default_out_dir() == B.source_root() / "build" / "lib"
 
 
 def test_kernel_names_keep_every_template_argument():
@@ -316,7 +317,6 @@ QREG_120_PLANNED = ("ptxas info    : Compiling entry function '_ZN6kdtree27verif
 def test_every_instance_of_the_sm120_kernel_is_checked(monkeypatch):
     """The sm_120 kernel in two instances (the 3-D grid's, the batch schedule's): the fit
     checks both, so a spill in either fails it, and reports the larger register count."""
-    from kdtree_engine.kernel import build as B
     from kdtree_engine.kernel import library as L
 
     monkeypatch.setattr(L, "Library", lambda path: _FakeLib(path))
@@ -324,7 +324,7 @@ def test_every_instance_of_the_sm120_kernel_is_checked(monkeypatch):
     def fit(spill_planned):
         log = LOG.format(serial="", spill=0) + QREG_120_PLANNED.format(p=0, spill=0, regs=200) + \
             QREG_120_PLANNED.format(p=1, spill=spill_planned, regs=168)
-        return B.sm120_fit(_result(log))
+        return G.sm120_fit(_result(log))
 
     f, problems = fit(0)
     assert problems == [] and f["registers"] == 200

@@ -9,7 +9,7 @@ import torch
 
 from kdtree_engine.kernel import op
 from kdtree_engine.kernel.op import VerifyArgumentError, check_arguments, choose_num_splits
-from kdtree_engine.oracle import compare, reference, workloads
+from kdtree_pipeline.oracle import compare, reference, workloads
 
 
 def _batch(**kw):
@@ -226,7 +226,7 @@ def test_kernel_matches_reference_small(tree):
 
 
 def _target_or_skip(target: str) -> None:
-    from kdtree_engine.oracle.gate import default_targets
+    from kdtree_pipeline.oracle.gate import default_targets
 
     if target not in default_targets(torch.cuda.current_device()):
         pytest.skip(f"target {target} does not run on this GPU")
@@ -277,7 +277,7 @@ def test_splits_far_above_what_the_lengths_need(target, return_lse, case):
 
 def _verify_graph(heads: int, n: int, max_bs: int, max_prefix: int, seed: int):
     """A random bf16 pool on the GPU and the graph gate's fixed verify buffers over it."""
-    from kdtree_engine.graph.capture import Capacity, VerifyGraph
+    from kdtree_pipeline.graph.capture import Capacity, VerifyGraph
 
     cap = Capacity(max_bs=max_bs, max_n=n, max_prefix_tokens=max_bs * max_prefix + max_bs, num_heads=heads,
                    max_prefix_len=max_prefix)
@@ -295,8 +295,8 @@ def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
     buffers on the device. Every replay matches the reference: the short ones take few
     splits (a request of prefix 0 or 100 one, written without the combine), and a replay
     after a longer one never reads the partials its unused splits left in the workspace."""
-    from kdtree_engine.graph.capture import capture_graph
-    from kdtree_engine.graph.gate import _step
+    from kdtree_pipeline.graph.capture import capture_graph
+    from kdtree_pipeline.graph.gate import _step
 
     _target_or_skip(target)
     heads, n = 8, 16
@@ -743,9 +743,9 @@ def test_a_captured_step_plans_from_the_lengths_each_replay_replays(target):
     the plan (its plan kernel is captured with it), the second layer's reads it. Replays with
     other lengths written into the same buffers match the reference in both layers, with no
     plan error: each replay planned from its own lengths."""
-    from kdtree_engine.graph.capture import capture_graph
-    from kdtree_engine.graph.gate import _step
     from kdtree_engine.kernel import library
+    from kdtree_pipeline.graph.capture import capture_graph
+    from kdtree_pipeline.graph.gate import _step
 
     _target_or_skip(target)
     heads, n = 8, 16

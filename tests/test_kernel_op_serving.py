@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kdtree_engine.kernel import op
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 
 def _cpu_workspaces(allocs: list[tuple[int, int]]) -> op._Workspaces:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_engine.oracle import gate, workloads
+from kdtree_pipeline.oracle import gate, workloads
 
 
 def _late_jumps(b: workloads.Batch, tile: int = 64, threshold: float = 8.0) -> int:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_engine.pipeline import plan
-from kdtree_engine.pipeline.commit import CommitError, write_and_commit
-from kdtree_engine.pipeline.run import render_plan
+from kdtree_pipeline import plan
+from kdtree_pipeline.commit import CommitError, write_and_commit
+from kdtree_pipeline.run import render_plan
 
 
 def git(repo: Path, *args: str) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_engine.pipeline import evidence, plan
-from kdtree_engine.pipeline.phases import PHASES, PhaseError, phase
+from kdtree_pipeline import evidence, plan
+from kdtree_pipeline.phases import PHASES, PhaseError, phase
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_engine.pipeline import evidence, plan
-from kdtree_engine.pipeline.phases import PHASES, Gate, PhaseError
-from kdtree_engine.pipeline.run import (
+from kdtree_pipeline import evidence, plan
+from kdtree_pipeline.phases import PHASES, Gate, PhaseError
+from kdtree_pipeline.run import (
     GateFailed,
     PipelineError,
     _find_plot,

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from kdtree_engine.pipeline.evidence import load_record
-from kdtree_engine.sglang import integrate
-from kdtree_engine.sglang.integrate import Case
+from kdtree_pipeline import integrate
+from kdtree_pipeline.evidence import load_record
+from kdtree_pipeline.integrate import Case
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -185,13 +185,13 @@ def test_sgl_kernel_standin_serves_import_time_names_and_refuses_real_use():
 
     code = textwrap.dedent("""
         import importlib.util, sys
-        from kdtree_engine.testing import standins as _standins
+        from kdtree_pipeline.testing import standins as _standins
         assert importlib.util.find_spec("sgl_kernel") is None, "a real sgl_kernel is installed"
         assert _standins.install_sgl_kernel_standin() is True
         from sgl_kernel.utils import is_arch_support_pdl
         from sgl_kernel import some_kernel
         from sgl_kernel.elementwise import fused_add_rmsnorm
-        assert callable(is_arch_support_pdl) and is_arch_support_pdl.__module__.startswith("kdtree_engine")
+        assert callable(is_arch_support_pdl) and is_arch_support_pdl.__module__.startswith("kdtree_pipeline")
         @some_kernel
         def f():
             return 7

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kdtree_engine.sglang import plugin
-from kdtree_engine.testing import standins as _standins
+from kdtree_pipeline.testing import standins as _standins
 
 _standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
 if torch.cuda.is_available():  # on CUDA, SGLang's module imports need sgl_kernel (absent on the GPU host)

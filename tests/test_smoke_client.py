@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from kdtree_engine.smoke.client import HttpError, SmokeClient, wait_ready
-from kdtree_engine.testing.fake_server import FakeConfig, FakeServer
+from kdtree_pipeline.smoke.client import HttpError, SmokeClient, wait_ready
+from kdtree_pipeline.testing.fake_server import FakeConfig, FakeServer
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def test_wait_ready_reports_progress_while_waiting():
 
 
 def test_smoke_gate_against_a_refused_port_says_it_is_waiting(tmp_path, capsys, monkeypatch):
-    from kdtree_engine.smoke import client, gate
+    from kdtree_pipeline.smoke import client, gate
 
     monkeypatch.setattr(client, "PROGRESS_EVERY_S", 0.3)  # the gate's default is a few seconds
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kdtree_engine.smoke.checks import approx_tokens, first_number, passkey_prompt
-from kdtree_engine.smoke.fingerprint import (
+from kdtree_pipeline.smoke.checks import approx_tokens, first_number, passkey_prompt
+from kdtree_pipeline.smoke.fingerprint import (
     BF16_NOTE,
     FingerprintError,
     compare,

@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from kdtree_engine.pipeline.evidence import load_record
-from kdtree_engine.smoke import gate
-from kdtree_engine.testing.fake_server import FakeConfig, FakeServer
+from kdtree_pipeline.evidence import load_record
+from kdtree_pipeline.smoke import gate
+from kdtree_pipeline.testing.fake_server import FakeConfig, FakeServer
 
 FAST = ["--poll", "0.05", "--ready-timeout", "3", "--health-timeout", "1", "--timeout", "5",
         "--stream-timeout", "1", "--long-tokens", "400"]

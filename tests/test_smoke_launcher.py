@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_engine.pipeline.evidence import load_record
-from kdtree_engine.smoke import gate
-from kdtree_engine.smoke.launcher import (
+from kdtree_pipeline.evidence import load_record
+from kdtree_pipeline.smoke import gate
+from kdtree_pipeline.smoke.launcher import (
     LaunchError,
     ServerProcess,
     group_members,
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def fake_cmd(port: int, *extra: str) -> str:
-    return " ".join([PY, "-m", "kdtree_engine.testing.fake_server", "--port", str(port), *extra])
+    return " ".join([PY, "-m", "kdtree_pipeline.testing.fake_server", "--port", str(port), *extra])
 
 
 def launch(tmp_path: Path, command: str, *args: str) -> tuple[int, dict]:
@@ -179,7 +179,7 @@ def test_launch_refuses_when_the_port_is_taken(tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_stops_the_server_group(tmp_path, sig, code):
     port, pidfile = free_port(), tmp_path / "child.pid"
-    cmd = [sys.executable, "-m", "kdtree_engine", "smoke", *FAST, "--ready-timeout", "60",
+    cmd = [sys.executable, "-m", "kdtree_pipeline", "smoke", *FAST, "--ready-timeout", "60",
            "--launch", fake_cmd(port, "--never-ready", "--spawn-child", str(pidfile)),
            "--log", str(tmp_path / "server.log"), "--evidence-dir", str(tmp_path)]
     gate_proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_engine.pipeline import evidence, plan
+from kdtree_pipeline import evidence, plan
 
 
 def git(repo: Path, *args: str) -> str:

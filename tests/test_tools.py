@@ -90,7 +90,7 @@ def test_ab_bench_refuses_unknown_cases_and_systems_before_touching_the_gpu(monk
 def test_ab_bench_alone_is_an_empty_side_by_side_group(monkeypatch, argv, together):
     """--alone is --side-by-side "": no interleaved group, every system timed alone."""
     torch = pytest.importorskip("torch")
-    from kdtree_engine.bench import gate
+    from kdtree_pipeline.bench import gate
 
     mod = load_tool("ab_bench")
     default = gate.SIDE_BY_SIDE

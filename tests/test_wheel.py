@@ -73,13 +73,13 @@ _OUTSIDE = r"""
 import json, sys
 import kdtree_engine
 from kdtree_engine.kernel import library
-from kdtree_engine.testing import standins
+from kdtree_pipeline.testing import standins
 standins.install_torchvision_standin()  # CPU torch cannot load the CUDA torchvision wheels
 import sglang.srt.plugins as sp
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from kdtree_engine.sglang import plugin
-testing_seen = [m for m in sys.modules if m.startswith("kdtree_engine.testing")]
+testing_seen = [m for m in sys.modules if m.startswith("kdtree_pipeline.testing")]
 sp.load_plugins()
 lib = library.load()
 print(json.dumps({

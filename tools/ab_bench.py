@@ -24,10 +24,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kdtree_engine.bench import gate, suites
-from kdtree_engine.bench.data import DEFAULT_L2_BYTES
-from kdtree_engine.bench.peers import PEERS
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.bench import gate, suites
+from kdtree_pipeline.bench.data import DEFAULT_L2_BYTES
+from kdtree_pipeline.bench.peers import PEERS
+from kdtree_pipeline.oracle import workloads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: FlashMLA-from-source peers
 import fm_src_peer  # noqa: E402

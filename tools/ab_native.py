@@ -19,9 +19,9 @@ import os
 
 import torch
 
-from kdtree_engine.bench.timing import replay_us
 from kdtree_engine.kernel.op import verify_attention
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.bench.timing import replay_us
+from kdtree_pipeline.oracle import workloads
 
 BATCHED = ("8,16,8,32768", "32,8,16,8192", "64,4,16,4096", "64,4,16,16384", "16,8,128,8192", "4,32,16,32768",
            "1,16,8,65536")

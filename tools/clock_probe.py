@@ -31,9 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from kdtree_engine.bench import gate, timing
-from kdtree_engine.bench.data import DEFAULT_L2_BYTES
-from kdtree_engine.bench.peers import PEERS
+from kdtree_pipeline.bench import gate, timing
+from kdtree_pipeline.bench.data import DEFAULT_L2_BYTES
+from kdtree_pipeline.bench.peers import PEERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: ab_bench's argument checks
 import ab_bench  # noqa: E402

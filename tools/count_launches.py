@@ -24,7 +24,7 @@ import torch
 
 
 def _setup_sglang():
-    from kdtree_engine.testing import standins
+    from kdtree_pipeline.testing import standins
 
     standins.install_torchvision_standin()
     standins.install_sgl_kernel_standin()

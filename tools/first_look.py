@@ -12,7 +12,7 @@ import torch
 import triton
 
 from kdtree_engine.kernel.op import verify_attention
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 SHAPES = [  # bs, N, H, ctx
     (1, 16, 8, 4096), (1, 16, 8, 23000), (1, 16, 8, 65536), (1, 64, 8, 65536),

@@ -44,7 +44,7 @@ def parse_spec(spec: str, taken) -> tuple[str, Path]:
 def register(specs: list[str]) -> list[str]:
     """Add one peer per ``LABEL=DIR`` to bench.peers.PEERS (this process only); returns the labels.
     A ValueError for a malformed or duplicate spec, before anything is registered."""
-    from kdtree_engine.bench.peers import PEERS
+    from kdtree_pipeline.bench.peers import PEERS
 
     parsed: list[tuple[str, Path]] = []
     for s in specs:
@@ -56,7 +56,7 @@ def register(specs: list[str]) -> list[str]:
 
 
 def make_peer(label: str, path: Path):
-    from kdtree_engine.bench import peers
+    from kdtree_pipeline.bench import peers
 
     class FlashMLASource(peers.Peer):
         name = label

@@ -63,7 +63,7 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
 
 
 def parse_layouts(text: str) -> list[str]:
-    from kdtree_engine.oracle import workloads
+    from kdtree_pipeline.oracle import workloads
 
     names = [x for x in text.split(",") if x]
     bad = [x for x in names if x not in workloads.LAYOUTS]
@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kdtree_engine.bench import timing
-    from kdtree_engine.bench.peers import PEERS
-    from kdtree_engine.oracle import reference, workloads
+    from kdtree_pipeline.bench import timing
+    from kdtree_pipeline.bench.peers import PEERS
+    from kdtree_pipeline.oracle import reference, workloads
 
     if not torch.cuda.is_available():
         print("gather_peer_probe: needs a CUDA GPU", file=sys.stderr)

@@ -34,10 +34,10 @@ fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=/tmp/ev
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs, l.kernel_name(0))" || {
-  echo "carried library does not load; building here"; python3 -m kdtree_engine build --force; }
+  echo "carried library does not load; building here"; python3 -m kdtree_pipeline build --force; }
 # whether this tree's csrc/ built it: a GPU gate's record names it, and `invoke record` refuses
 # one that ran another tree's library (pipeline.run.check_library)
-python3 -c "from kdtree_engine.kernel import library; p = library.provenance(); print('library provenance:', p['matches'], p['why'] or '')"
+python3 -c "from kdtree_pipeline import evidence; p = evidence.provenance(); print('library provenance:', p['matches'], p['why'] or '')"
 # STEP_TIMEOUT (s) bounds the oracle and A/B steps: an experimental kernel that hangs
 # costs that much device time, not the whole call
 T="timeout -k 5 ${STEP_TIMEOUT:-1200}"
@@ -59,8 +59,8 @@ trap pack EXIT
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
-    oracle-quick) $T python3 -m kdtree_engine oracle --groups edge,splits,masks,batch ;;
-    oracle) $T python3 -m kdtree_engine oracle $ORACLE_ARGS ;;
+    oracle-quick) $T python3 -m kdtree_pipeline oracle --groups edge,splits,masks,batch ;;
+    oracle) $T python3 -m kdtree_pipeline oracle $ORACLE_ARGS ;;
     sm120-ab) # the sm_120 configuration (emulation) of each library in AB_LIBS (default build/lib) next to the
               # Hopper kernel of build/lib (tools/sm120_ab.py)
               A="python3 tools/sm120_ab.py --json /tmp/bench/sm120-ab.jsonl ${AB_SHAPES:+--shapes $AB_SHAPES}"
@@ -96,12 +96,12 @@ for step in "$@"; do
     tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
                    # (tools/tma_row_probe.cu, tool_bin)
               timeout 120 "$(tool_bin tma_row_probe)" | tee /tmp/bench/tma-row-probe.txt ;;
-    oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_engine oracle --evidence-dir /tmp/oracle-mma ;;
+    oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_pipeline oracle --evidence-dir /tmp/oracle-mma ;;
     oracle-libs) # the oracle (its full matrix, both targets) once on each library of ORACLE_LIBS (default: AB_LIBS, each
                  # folder once), its evidence in /tmp/bench/oracle-<folder>, never /tmp/ev: a variant's pass proves
                  # nothing of this tree
                for d in $(printf '%s\n' ${ORACLE_LIBS:-${AB_LIBS:-build/lib}} | awk '!seen[$0]++'); do
-                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 -m kdtree_engine oracle --evidence-dir /tmp/bench/oracle-$(basename $d) \
+                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 -m kdtree_pipeline oracle --evidence-dir /tmp/bench/oracle-$(basename $d) \
                    $ORACLE_ARGS 2>&1 | tail -3 | sed "s|^|$(basename $d): |"
                done ;;
     first-look) python3 tools/first_look.py ;;
@@ -156,22 +156,22 @@ for step in "$@"; do
                    python3 tools/racecheck_summary.py $f | tail -n +2
                  done
                done ;;
-    integrate) python3 -m kdtree_engine integrate --out /tmp/integrate;
+    integrate) python3 -m kdtree_pipeline integrate --out /tmp/integrate;
                mkdir -p /tmp/integrate-logs; cp /tmp/integrate/*/worker.log /tmp/integrate/*/summary.json /tmp/integrate-logs/ 2>/dev/null;
                for m in off on; do cp /tmp/integrate/$m/worker.log /tmp/integrate-logs/worker-$m.log 2>/dev/null; done ;;
-    graph) python3 -m kdtree_engine graph ;;
-    defrag) python3 -m kdtree_engine defrag ;;
+    graph) python3 -m kdtree_pipeline graph ;;
+    defrag) python3 -m kdtree_pipeline defrag ;;
     bench-gpu-tests) python3 -m pytest -q -m gpu tests/test_bench_gpu.py -x -p no:cacheprovider ;;
-    bench-micro) python3 -m kdtree_engine bench --suite micro --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
-    bench-long) python3 -m kdtree_engine bench --suite long-context --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
-    bench-frag) python3 -m kdtree_engine bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
-    bench-graph) python3 -m kdtree_engine bench --suite graph --out /tmp/bench ;;
+    bench-micro) python3 -m kdtree_pipeline bench --suite micro --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
+    bench-long) python3 -m kdtree_pipeline bench --suite long-context --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
+    bench-frag) python3 -m kdtree_pipeline bench --suite fragmentation --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} ;;
+    bench-graph) python3 -m kdtree_pipeline bench --suite graph --out /tmp/bench ;;
     ab-micro) # the micro suite, ours and FlashMLA only: the carried baseline (build/lib/base), any
               # variants (build/lib/var-*), then the library under test (build/lib)
               # (AB_LIBS: a list of library folders instead)
               for d in ${AB_LIBS:-build/lib/base build/lib/var-* build/lib}; do
                 so=$d/libkdtree_verify.so; [ -f $so ] || continue; lib=$(basename $d); echo "--- $lib"
-                KDTREE_LIB=$PWD/$so $T python3 -m kdtree_engine bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
+                KDTREE_LIB=$PWD/$so $T python3 -m kdtree_pipeline bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
                   --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| [0-9b]|^bench"
               done ;;
     ab-native) # tools/ab_native.py (CUDA-graph replay, AB_SHAPES or the batched shapes): this tree's build/lib with

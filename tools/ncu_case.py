@@ -15,7 +15,7 @@ import sys
 import torch
 
 from kdtree_engine.kernel.op import VerifyPlan, verify_attention
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 bs, n, h, ctx = (int(x) for x in sys.argv[1:5]) if len(sys.argv) >= 5 else (1, 16, 8, 65536)
 lens = [int(x) for x in os.environ["NCU_LENS"].split(",")] if os.environ.get("NCU_LENS") else [ctx] * bs

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from kdtree_engine.bench.peers import PEERS
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.bench.peers import PEERS
+from kdtree_pipeline.oracle import workloads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: fm_src_peer
 import fm_src_peer  # noqa: E402

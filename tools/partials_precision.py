@@ -1,5 +1,5 @@
 """What bf16 split-KV partials would cost in accuracy: a CPU simulation of the kernels' rounding
-(not the kernels), scored by the oracle's own metric (kdtree_engine.oracle.compare).
+(not the kernels), scored by the oracle's own metric (kdtree_pipeline.oracle.compare).
 
 One request of N drafts over a prefix of L keys, H heads: the oracle's own data
 (workloads.make_batch: a draft tree, random slots, its score scale) and its float64 reference
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kdtree_engine.kernel import op  # noqa: E402
-from kdtree_engine.oracle import compare, reference, workloads  # noqa: E402
+from kdtree_pipeline.oracle import compare, reference, workloads  # noqa: E402
 
 D, DV, TILE = 576, 512, 32
 DEFAULT_CASES = ((16, 8, 1024, 9), (16, 8, 4096, 33), (16, 8, 23000, 66), (16, 8, 65536, 66), (64, 8, 23000, 16),

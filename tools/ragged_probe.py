@@ -50,9 +50,9 @@ def main() -> int:
 
     import torch
 
-    from kdtree_engine.bench import timing
-    from kdtree_engine.bench.peers import PEERS
-    from kdtree_engine.oracle import compare, reference, workloads
+    from kdtree_pipeline.bench import timing
+    from kdtree_pipeline.bench.peers import PEERS
+    from kdtree_pipeline.oracle import compare, reference, workloads
 
     if not torch.cuda.is_available():
         print("ragged_probe: needs a CUDA GPU", file=sys.stderr)

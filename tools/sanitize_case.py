@@ -15,7 +15,7 @@ import torch
 
 from kdtree_engine.kernel import library
 from kdtree_engine.kernel.op import VerifyPlan, verify_attention
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 # (prefix lengths, drafts per request, heads, splits, layout); the last case's slots are contiguous:
 # the sm_90a kernel loads its full 32-row groups with TMA

@@ -22,11 +22,11 @@ import json
 
 import torch
 
-from kdtree_engine.bench.suites import MICRO_SHAPES
-from kdtree_engine.bench.timing import replay_us
 from kdtree_engine.kernel import library
 from kdtree_engine.kernel.op import TARGETS, verify_attention
-from kdtree_engine.oracle import compare, reference, workloads
+from kdtree_pipeline.bench.suites import MICRO_SHAPES
+from kdtree_pipeline.bench.timing import replay_us
+from kdtree_pipeline.oracle import compare, reference, workloads
 
 
 def main() -> None:

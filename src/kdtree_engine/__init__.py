@@ -1,16 +1,14 @@
-"""kdtree-engine: a tree-verify MLA attention kernel for speculative decoding,
-its SGLang plugin, and the phased pipeline that proves each step.
+"""kdtree-engine: a tree-verify MLA attention kernel for speculative decoding and its SGLang plugin.
 
-Packages (data flows one way: gate -> evidence -> plan state -> template -> commit):
+- ``kernel``  the library's C ABI through ctypes (``library``), the checked torch op
+              (``op.verify_attention``), and the nvcc build of ``csrc/`` (``build``)
+- ``sglang``  the plugin SGLang loads in every worker (``plugin``), the predicates that send
+              a call to the kernel or to SGLang's own path (``fallback``), and the check that
+              SGLang still has what the hooked path reads (``drift``)
+- ``defrag``  compaction of SGLang's page-size-1 KV pool into contiguous runs
 
-- ``kernel``   build (nvcc -> shared library), library (ctypes C ABI), op (checks + torch op)
-- ``oracle``   fp32 reference, workloads (trees, SGLang layouts), tolerances, the oracle gate
-- ``bench``    peers, roofline, reports, the bench gate
-- ``sglang``   the SGLang plugin, its fallback predicates, the integrate gate
-- ``smoke``    live-service smoke client and gate
-- ``graph``    CUDA-graph capture/replay gate
-- ``defrag``   KV-cache compaction and its gate
-- ``pipeline`` phases, evidence records, plan state/render, git commit
+Nothing here imports the proof: the gates, evidence and plan live in ``kdtree_pipeline``,
+which runs from the checkout and is not part of the wheel.
 """
 
 __version__ = "0.1.0"

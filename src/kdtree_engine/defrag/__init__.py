@@ -1,7 +1,7 @@
 """KV defrag: move requests' scattered KV slots into contiguous runs (Phase 5).
 
 :mod:`.compact` plans and applies a compaction of SGLang's page-size-1 pools;
-:mod:`.gate` is ``python -m kdtree_engine defrag``. Nothing calls it from SGLang's
+:mod:`.gate` is ``python -m kdtree_pipeline defrag``. Nothing calls it from SGLang's
 scheduler: the unwired duck-typed adapter was removed (issue 18); wiring it means an
 entry point a scheduler step calls, tested on SGLang's real pools and radix cache.
 """

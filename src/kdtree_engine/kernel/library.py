@@ -30,6 +30,33 @@ ERR_BITS = {
 }
 
 
+class VerifyArgumentError(ValueError):
+    """An argument of :func:`verify_attention` is wrong; the message names it."""
+
+
+def _err(arg: str, expected: str, got: object) -> VerifyArgumentError:
+    return VerifyArgumentError(f"verify_attention: argument '{arg}': expected {expected}, got {got}")
+
+
+#: ``target`` / ``KDTREE_TARGET`` values -> the C ABI's KDTREE_TARGET_*
+TARGETS = {"native": 0, "sm_120": 120}
+
+
+def resolve_target(target: str | None) -> int:
+    """``target`` (or, when None, ``KDTREE_TARGET``; unset or empty = native) -> the ABI code.
+
+    ``sm_120`` runs exactly what an sm_120 GPU (RTX PRO 6000 Blackwell) runs, under its
+    limits, on a GPU of compute capability >= 9.0; a real sm_120 ignores it."""
+    if target is None:
+        raw = os.environ.get("KDTREE_TARGET", "").strip() or "native"
+        if raw not in TARGETS:
+            raise VerifyArgumentError(f"KDTREE_TARGET: expected one of {', '.join(TARGETS)} (or unset), got {raw!r}")
+        return TARGETS[raw]
+    if target not in TARGETS:
+        raise _err("target", f"one of {', '.join(TARGETS)} or None (KDTREE_TARGET)", repr(target))
+    return TARGETS[target]
+
+
 class KernelLibraryError(RuntimeError):
     """The kernel library is missing, fails to load, or speaks another ABI."""
 
@@ -137,17 +164,37 @@ def bind_choose_config(lib: ctypes.CDLL):
 PACKAGED = Path(__file__).resolve().parents[1] / "_lib" / LIB_NAME
 
 
+def source_root() -> Path:
+    """The source tree this package sits in (a checkout, or an editable install of one): the
+    folder holding ``csrc/`` two levels above the package. Raises :class:`KernelLibraryError` for an
+    installed wheel, which ships its library and has no sources to build."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "csrc").is_dir():
+        raise KernelLibraryError(f"no csrc/ beside this kdtree_engine ({root}): an installed wheel ships "
+                                 "its library and builds nothing; build from a checkout, or set KDTREE_LIB")
+    return root
+
+
+def default_out_dir(root: Path | None = None) -> Path:
+    """The library's folder: ``KDTREE_BUILD_DIR`` (an explicit choice wins, as KDTREE_LIB does
+    for the file), else build/lib of ``root`` (default: the checkout around the working
+    directory). One rule for the build gate, the loader and a record's provenance, so that a
+    record names the file the gate loaded."""
+    env = os.environ.get("KDTREE_BUILD_DIR")
+    if env:
+        return Path(env)
+    return Path(root or source_root()) / "build" / "lib"
+
+
 def default_library_path(root: Path | None = None) -> Path:
     """``KDTREE_LIB`` (an explicit choice wins), else the library packaged in the wheel,
-    else the one in the build gate's folder, ``build.default_out_dir(root)`` (editable
-    installs, ``python -m kdtree_engine build``): ``root``'s build/lib when given."""
+    else the one in the build gate's folder, ``:func:`default_out_dir``` (editable
+    installs, ``python -m kdtree_pipeline build``): ``root``'s build/lib when given."""
     env = os.environ.get("KDTREE_LIB")
     if env:
         return Path(env)
     if PACKAGED.is_file():
         return PACKAGED
-    from kdtree_engine.kernel.build import default_out_dir
-
     try:
         return default_out_dir(root) / LIB_NAME
     except Exception as e:  # noqa: BLE001 - no checkout around (an installed wheel without its library)
@@ -157,48 +204,7 @@ def default_library_path(root: Path | None = None) -> Path:
         ) from None
 
 
-STAMP_SUFFIX = ".stamp.json"  # the build gate's stamp beside the library (kernel.build)
-
-
-def provenance(path: Path | str | None = None, root: Path | None = None) -> dict:
-    """Which kernel library a gate runs, and whether this checkout's csrc/ built it: the path
-    (``default_library_path(root)`` unless given), the file's sha256, and from the build stamp
-    beside it the csrc/ hash it was compiled from. ``matches`` is True when that hash is
-    ``root``'s csrc/ hash and the file is the one the stamp describes; False when either
-    differs (a build of older sources, a file copied over the build); None when it cannot
-    tell (no such file; no stamp, as for a variant from tools/build_variant.py; a stamp
-    without the hashes); ``why`` says which. Reads files only: no GPU, nothing loaded."""
-    import json
-
-    from kdtree_engine.kernel import build as B
-    from kdtree_engine.pipeline import evidence
-
-    root = Path(root) if root is not None else evidence.repo_root()
-    p = Path(path) if path is not None else default_library_path(root)
-    out = {"path": str(p), "sha256": None, "built_from_csrc": None, "tree_csrc": B.csrc_hash(root),
-           "matches": None, "why": None}
-    if not p.is_file():
-        out["why"] = f"no library at {p}"
-        return out
-    out["sha256"] = B.file_sha256(p)
-    stamp_file = p.with_name(p.name + STAMP_SUFFIX)
-    try:
-        stamp = json.loads(stamp_file.read_text())
-    except (OSError, ValueError) as e:
-        out["why"] = f"no readable build stamp at {stamp_file} ({e.__class__.__name__}): not built by the build gate"
-        return out
-    built, lib_sha = stamp.get("csrc_sha256"), stamp.get("library_sha256")
-    out["built_from_csrc"] = built
-    if not built or not lib_sha:
-        out["why"] = f"the build stamp {stamp_file} names no csrc/ or library hash (rebuild it)"
-    elif lib_sha != out["sha256"]:
-        out["matches"], out["why"] = False, f"{p} is not the file its build stamp describes (sha256 {lib_sha[:12]})"
-    elif built != out["tree_csrc"]:
-        out["matches"], out["why"] = False, (f"{p} was built from csrc/ {built[:12]}, this tree's csrc/ is "
-                                             f"{out['tree_csrc'][:12]}")
-    else:
-        out["matches"] = True
-    return out
+STAMP_SUFFIX = ".stamp.json"  # the build's stamp beside the library (kernel.build)
 
 
 class Library:
@@ -209,7 +215,7 @@ class Library:
         if not self.path.is_file():
             raise KernelLibraryError(
                 f"kernel library {self.path} does not exist; build it with `nox -s build` "
-                "(or `python -m kdtree_engine build`), or point KDTREE_LIB at a build"
+                "(or `python -m kdtree_pipeline build`), or point KDTREE_LIB at a build"
             )
         try:
             lib = ctypes.CDLL(str(self.path))
@@ -259,8 +265,6 @@ class Library:
         properties and the KDTREE_KERNEL switch are read once). ``target``
         None: the op's default, KDTREE_TARGET."""
         if target is None:
-            from kdtree_engine.kernel.op import resolve_target
-
             target = resolve_target(None)
         key = (device, target)
         if key not in self._configs:

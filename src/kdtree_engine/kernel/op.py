@@ -26,6 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from kdtree_engine.kernel import library
+from kdtree_engine.kernel.library import TARGETS, VerifyArgumentError, _err, resolve_target
+
+__all__ = ["TARGETS", "VerifyArgumentError", "VerifyPlan", "resolve_target", "verify_attention"]
+
 HEAD_DIM = 576
 V_DIM = 512
 MAX_HEADS = 128
@@ -140,35 +145,10 @@ def piece_splits(num_splits: int) -> int | None:
     return None
 
 
-class VerifyArgumentError(ValueError):
-    """An argument of :func:`verify_attention` is wrong; the message names it."""
-
-
-def _err(arg: str, expected: str, got: object) -> VerifyArgumentError:
-    return VerifyArgumentError(f"verify_attention: argument '{arg}': expected {expected}, got {got}")
-
-
 def debug_enabled() -> bool:
     return os.environ.get("KDTREE_DEBUG", "").lower() in ("1", "on", "true", "yes")
 
 
-#: ``target`` / ``KDTREE_TARGET`` values -> the C ABI's KDTREE_TARGET_*
-TARGETS = {"native": 0, "sm_120": 120}
-
-
-def resolve_target(target: str | None) -> int:
-    """``target`` (or, when None, ``KDTREE_TARGET``; unset or empty = native) -> the ABI code.
-
-    ``sm_120`` runs exactly what an sm_120 GPU (RTX PRO 6000 Blackwell) runs, under its
-    limits, on a GPU of compute capability >= 9.0; a real sm_120 ignores it."""
-    if target is None:
-        raw = os.environ.get("KDTREE_TARGET", "").strip() or "native"
-        if raw not in TARGETS:
-            raise VerifyArgumentError(f"KDTREE_TARGET: expected one of {', '.join(TARGETS)} (or unset), got {raw!r}")
-        return TARGETS[raw]
-    if target not in TARGETS:
-        raise _err("target", f"one of {', '.join(TARGETS)} or None (KDTREE_TARGET)", repr(target))
-    return TARGETS[target]
 
 
 @dataclass(frozen=True)
@@ -201,8 +181,6 @@ class VerifyPlan:
     replays."""
 
     def __init__(self, device: torch.device | str | int | None = None) -> None:
-        from kdtree_engine.kernel import library
-
         # an int is a CUDA ordinal; a device without an index is the current one
         dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
         if dev.type != "cuda":
@@ -530,8 +508,6 @@ def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_i
 def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
             out, lse, workspace, sm_scale: float, max_n: int, num_splits: int, target: int = 0,
             draft_slots: torch.Tensor | None = None, plan: VerifyPlan | None = None, plan_mode: int = 0) -> None:
-    from kdtree_engine.kernel import library
-
     lib = library.load()
     T, H = q.shape[0], q.shape[1]
     pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
@@ -573,8 +549,6 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
          plan: VerifyPlan | None = None, make_plan: bool = False) -> None:
     """Choose the splits and the workspace (host-side, from the library), then launch.
     Shared by the eager path and the custom op's CUDA implementation."""
-    from kdtree_engine.kernel import library
-
     lib = library.load()
     T, H = q.shape[0], q.shape[1]
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()

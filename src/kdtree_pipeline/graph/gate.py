@@ -1,9 +1,9 @@
 """The ``graph`` gate (Phase 4, GPU): the verify kernel is CUDA-graph safe.
 
-    python -m kdtree_engine graph [--max-prefix 65536] [--seed 0]
+    python -m kdtree_pipeline graph [--max-prefix 65536] [--seed 0]
 
 1. Capture the kernel once in a ``torch.cuda.CUDAGraph`` over buffers sized
-   for a maximum batch and prefix (:class:`~kdtree_engine.graph.capture.VerifyGraph`),
+   for a maximum batch and prefix (:class:`~kdtree_pipeline.graph.capture.VerifyGraph`),
    with ``torch.cuda.set_sync_debug_mode("error")`` around the call path, so
    any host synchronisation in it raises.
 2. Replay it for steps with other prefix lengths, slot ids, trees and batch
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from kdtree_engine.bench.timing import timed_ms
-from kdtree_engine.graph.capture import Capacity, VerifyGraph
 from kdtree_engine.kernel.op import VerifyArgumentError, verify_attention
-from kdtree_engine.oracle import compare, reference, workloads
-from kdtree_engine.pipeline import evidence
+from kdtree_pipeline import evidence
+from kdtree_pipeline.bench.timing import timed_ms
+from kdtree_pipeline.graph.capture import Capacity, VerifyGraph
+from kdtree_pipeline.oracle import compare, reference, workloads
 
 
 def _step(pool: torch.Tensor, prefix_lens: list[int], n: int, heads: int, tree: str, seed: int,
@@ -157,7 +157,7 @@ def sglang_graph_rows(timeout: float = 900.0) -> list[dict]:
     each in its own process; with on, the kernel must have run inside the captured graph."""
     import tempfile
 
-    from kdtree_engine.sglang import integrate
+    from kdtree_pipeline import integrate
 
     with tempfile.TemporaryDirectory(prefix="kdtree-graph-") as tmp:
         out = Path(tmp)
@@ -180,7 +180,7 @@ def sglang_graph_rows(timeout: float = 900.0) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kdtree graph", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline graph", description=__doc__.splitlines()[0])
     ap.add_argument("--max-prefix", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--evidence-dir", type=Path, default=None)

@@ -7,5 +7,5 @@
 - :mod:`.roofline`: measured copy bandwidth / matmul rate, and each case's floor
 - :mod:`.targets`: the issue-4 targets evaluated on one run's figures
 - :mod:`.report`: JSON, markdown tables, PNG plots
-- :mod:`.gate`: ``python -m kdtree_engine bench --suite ...``
+- :mod:`.gate`: ``python -m kdtree_pipeline bench --suite ...``
 """

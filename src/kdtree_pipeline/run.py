@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kdtree_engine.pipeline import commit as _commit
-from kdtree_engine.pipeline import evidence, plan
-from kdtree_engine.pipeline.phases import PHASES, Gate, Phase, PhaseError, all_gate_stems, phase
+from kdtree_pipeline import commit as _commit
+from kdtree_pipeline import evidence, plan
+from kdtree_pipeline.phases import PHASES, Gate, Phase, PhaseError, all_gate_stems, phase
 
 #: A gate runner takes (gate, environment, no_venv) and returns the exit code.
 GateRunner = Callable[[Gate, Mapping[str, str], bool], int]
@@ -151,7 +151,7 @@ def check_library(path: Path, rec: dict[str, Any]) -> None:
         raise PipelineError(
             f"evidence file {path}: the {rec['gate']} gate ran the kernel library {lib.get('path')}, which "
             f"this tree's csrc/ did not build ({lib.get('why') or 'no reason recorded'}); build it with "
-            "`python -m kdtree_engine build` and re-run the gate, without KDTREE_LIB"
+            "`python -m kdtree_pipeline build` and re-run the gate, without KDTREE_LIB"
         )
 
 

@@ -51,8 +51,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kdtree_engine.bench.results import Table
-from kdtree_engine.bench.suites import (
+from kdtree_pipeline.bench.results import Table
+from kdtree_pipeline.bench.suites import (
     EXTEND_TARGET_MIN_PREFIX,
     FLOOR_SHAPE,
     SM120_SEED,

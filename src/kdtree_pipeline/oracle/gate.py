@@ -1,11 +1,11 @@
 """The ``oracle`` gate (Phases 1-2, GPU): the kernel against the fp32 reference.
 
-    python -m kdtree_engine oracle [--groups prefix_n,heads,...] [--seed 0] [--list]
+    python -m kdtree_pipeline oracle [--groups prefix_n,heads,...] [--seed 0] [--list]
 
 Every case builds a seeded batch in SGLang's layout (slot 0 padding, unused
 slots poisoned with NaN, FULL_MASK masks), poisons the kernel's outputs with
 NaN, runs the kernel with LSE, and compares with the fp32 reference on the
-same GPU (:mod:`kdtree_engine.oracle.compare` has the tolerances). The matrix
+same GPU (:mod:`kdtree_pipeline.oracle.compare` has the tolerances). The matrix
 covers prefix lengths {0, 1, 63, 64, 65, 4095, 23000, 65536, 131072}, N {1, 2,
 7, 16, 64, 128}, H {1, 8, 16, 64, 128}, bs {1, 3, 32}, ragged N (a request
 with none too), every tree shape, bool and uint8 masks, contiguous /
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from kdtree_engine.oracle import compare, reference, workloads
-from kdtree_engine.pipeline import evidence
+from kdtree_pipeline import evidence
+from kdtree_pipeline.oracle import compare, reference, workloads
 
 PREFIXES = (0, 1, 63, 64, 65, 4095, 23000, 65536, 131072)
 NS = (1, 2, 7, 16, 64, 128)
@@ -193,7 +193,7 @@ def default_targets(device_index: int = 0) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kdtree oracle", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline oracle", description=__doc__.splitlines()[0])
     ap.add_argument("--groups", default=None, help="comma list of case groups (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the cases and exit")

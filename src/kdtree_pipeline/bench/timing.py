@@ -11,7 +11,7 @@
 
 Correctness: the first eager call of set 0 and the first replay of set 0
 (its output poisoned with NaN just before) are compared with the fp32
-reference (:func:`kdtree_engine.oracle.compare.compare`).
+reference (:func:`kdtree_pipeline.oracle.compare.compare`).
 
 A peer that cannot be captured is still timed eagerly; ``graph_error`` says why.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from kdtree_engine.graph.capture import capture_graph
-from kdtree_engine.oracle import compare
+from kdtree_pipeline.graph.capture import capture_graph
+from kdtree_pipeline.oracle import compare
 
 Runner = Callable[[], torch.Tensor]
 

@@ -6,7 +6,7 @@ sets together hold about three times the L2 size (METHOD: rotate among several
 input sets when they fit in the cache). Values are bf16 N(0, 1), never zeros.
 
 The layout pieces (draft trees, FULL_MASK masks, slot layouts, pool sizes) come
-from :mod:`kdtree_engine.oracle.workloads`; only the bulk random tensors are
+from :mod:`kdtree_pipeline.oracle.workloads`; only the bulk random tensors are
 drawn here, directly on the device, because drawing gigabytes on the host is
 slow. The slot ids, indptrs and masks are shared by the sets of a case (they
 are small); each set has its own tensors for the data.
@@ -25,9 +25,9 @@ import math
 
 import torch
 
-from kdtree_engine.bench.roofline import case_bytes
-from kdtree_engine.bench.suites import Case
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.bench.roofline import case_bytes
+from kdtree_pipeline.bench.suites import Case
+from kdtree_pipeline.oracle import workloads
 
 HEAD_DIM = workloads.HEAD_DIM
 DEFAULT_L2_BYTES = 60 * 2**20

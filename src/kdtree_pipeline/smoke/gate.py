@@ -1,6 +1,6 @@
 """The ``smoke`` gate: prove a live SGLang server serves with the verify kernel.
 
-``python -m kdtree_engine smoke --url http://host:30000`` tests a running server;
+``python -m kdtree_pipeline smoke --url http://host:30000`` tests a running server;
 ``--launch "<command>"`` starts one (``KDTREE_VERIFY`` from ``--kdtree``, output to
 a log file, the whole process group stopped at the end, Ctrl-C included), waits
 until ``/health`` and ``/v1/models`` answer, then runs the checks (short prompt,
@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..pipeline import evidence
+from .. import evidence
 from . import checks as C
 from .client import HttpError, Readiness, SmokeClient, wait_ready
 from .fingerprint import FingerprintError, compare, load_baseline, make_fingerprint, save_baseline
@@ -45,7 +45,7 @@ class _Terminated(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m kdtree_engine smoke",
+        prog="python -m kdtree_pipeline smoke",
         description="Live-service smoke gate against an OpenAI-compatible SGLang server.",
     )
     where = p.add_argument_group("server")

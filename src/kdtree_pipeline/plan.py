@@ -25,8 +25,8 @@ from typing import Any
 
 import jinja2
 
-from kdtree_engine.pipeline import evidence
-from kdtree_engine.pipeline.phases import PHASES, Phase
+from kdtree_pipeline import evidence
+from kdtree_pipeline.phases import PHASES, Phase
 
 PLAN_ID = "0002"
 PLAN_STEM = "0002-sm120-verify-kernel-defrag"

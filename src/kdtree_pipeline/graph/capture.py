@@ -26,7 +26,7 @@ from typing import TypeVar
 import torch
 
 from kdtree_engine.kernel.op import VerifyArgumentError, verify_attention
-from kdtree_engine.oracle.workloads import Batch
+from kdtree_pipeline.oracle.workloads import Batch
 
 T = TypeVar("T")
 

@@ -18,6 +18,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from kdtree_engine.kernel import library as L
+from kdtree_engine.kernel.build import csrc_hash, file_sha256
+from kdtree_pipeline.phases import PHASES, record_name
+
 SCHEMA = 1
 HASHED_DIRS = ("src", "csrc")
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
@@ -160,13 +164,47 @@ def device_info() -> dict[str, Any] | None:
         return None
 
 
+def provenance(path: Path | str | None = None, root: Path | None = None) -> dict:
+    """Which kernel library a gate runs, and whether this checkout's csrc/ built it: the path
+    (``kdtree_engine.kernel.library.default_library_path(root)`` unless given), the file's sha256, and from the build stamp
+    beside it the csrc/ hash it was compiled from. ``matches`` is True when that hash is
+    ``root``'s csrc/ hash and the file is the one the stamp describes; False when either
+    differs (a build of older sources, a file copied over the build); None when it cannot
+    tell (no such file; no stamp, as for a variant from tools/build_variant.py; a stamp
+    without the hashes); ``why`` says which. Reads files only: no GPU, nothing loaded."""
+    root = Path(root) if root is not None else repo_root()
+    p = Path(path) if path is not None else L.default_library_path(root)
+    out = {"path": str(p), "sha256": None, "built_from_csrc": None, "tree_csrc": csrc_hash(root),
+           "matches": None, "why": None}
+    if not p.is_file():
+        out["why"] = f"no library at {p}"
+        return out
+    out["sha256"] = file_sha256(p)
+    stamp_file = p.with_name(p.name + L.STAMP_SUFFIX)
+    try:
+        stamp = json.loads(stamp_file.read_text())
+    except (OSError, ValueError) as e:
+        out["why"] = f"no readable build stamp at {stamp_file} ({e.__class__.__name__}): not built by the build gate"
+        return out
+    built, lib_sha = stamp.get("csrc_sha256"), stamp.get("library_sha256")
+    out["built_from_csrc"] = built
+    if not built or not lib_sha:
+        out["why"] = f"the build stamp {stamp_file} names no csrc/ or library hash (rebuild it)"
+    elif lib_sha != out["sha256"]:
+        out["matches"], out["why"] = False, f"{p} is not the file its build stamp describes (sha256 {lib_sha[:12]})"
+    elif built != out["tree_csrc"]:
+        out["matches"], out["why"] = False, (f"{p} was built from csrc/ {built[:12]}, this tree's csrc/ is "
+                                             f"{out['tree_csrc'][:12]}")
+    else:
+        out["matches"] = True
+    return out
+
+
 def library_provenance(root: Path) -> dict[str, Any]:
-    """kernel.library.provenance for ``root``, or what kept it from being read (never raises:
+    """:func:`provenance` for ``root``, or what kept it from being read (never raises:
     a record is still written, and a GPU gate's then cannot be recorded into a plan)."""
     try:
-        from kdtree_engine.kernel import library
-
-        return library.provenance(root=root)
+        return provenance(root=root)
     except Exception as e:  # noqa: BLE001 - provenance is reported, not a reason to lose the record
         return {"path": None, "matches": None, "why": f"provenance not read: {e.__class__.__name__}: {e}"}
 
@@ -176,8 +214,6 @@ def runs_kernel_library(gate: str) -> bool:
     gates a phase runs on a GPU (pipeline.phases), and any gate no phase names. The CPU
     gates (``build``, ``oracle-selftest``) run none, and the plan never asks theirs
     (pipeline.run.load_evidence checks the library of GPU gates only)."""
-    from kdtree_engine.pipeline.phases import PHASES
-
     gates = [g for p in PHASES for g in p.gates if g.gate == gate]
     return not gates or any(g.needs_gpu for g in gates)
 
@@ -239,10 +275,6 @@ def evidence_dir(directory: Path | str | None = None) -> Path:
     env = os.environ.get("KDTREE_EVIDENCE_DIR")
     return Path(env) if env else repo_root() / "build" / "evidence"
 
-
-def record_name(gate: str, variant: str | None = None) -> str:
-    """``oracle`` -> ``oracle``; (``bench``, ``micro``) -> ``bench-micro``: the evidence file stem."""
-    return f"{gate}-{variant}" if variant else gate
 
 
 def write_record(record: dict[str, Any], directory: Path | str | None = None) -> Path:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kdtree_engine.bench.suites import Case
+from kdtree_pipeline.bench.suites import Case
 
 HEAD_DIM = 576
 V_DIM = 512
@@ -95,7 +95,7 @@ def floor_terms(case: Case, ceil: Ceilings) -> dict:
 
 
 def _median_ms(fn, reps: int) -> float:
-    from kdtree_engine.bench.timing import timed_ms
+    from kdtree_pipeline.bench.timing import timed_ms
 
     times = sorted(timed_ms(fn) for _ in range(reps))
     return times[len(times) // 2]

@@ -2,8 +2,8 @@
 sessions can use them: nothing in the plugin, the op or the kernel binding imports
 this package.
 
-- :mod:`~kdtree_engine.testing.standins`: import-time stand-ins for ``sgl_kernel`` and
+- :mod:`~kdtree_pipeline.testing.standins`: import-time stand-ins for ``sgl_kernel`` and
   ``torchvision`` (they edit ``sys.modules``), for SGLang imports on machines without them.
-- :mod:`~kdtree_engine.testing.fake_server`: a fake SGLang HTTP server for the smoke
+- :mod:`~kdtree_pipeline.testing.fake_server`: a fake SGLang HTTP server for the smoke
   client's tests.
 """

@@ -53,7 +53,7 @@ def _placeholder(qualname: str, strict: bool) -> type:
             return args[0]  # used as a decorator at import time: leave the function as it is
         if cls._strict:
             raise StandInError(
-                f"{qualname} is an import-time stand-in (kdtree_engine.testing.standins): the real "
+                f"{qualname} is an import-time stand-in (kdtree_pipeline.testing.standins): the real "
                 "package is not installed here, and this code path needs it"
             )
         return object.__new__(cls)
@@ -81,7 +81,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        mod = types.ModuleType(spec.name, f"import-time stand-in for {spec.name} (kdtree_engine.testing.standins)")
+        mod = types.ModuleType(spec.name, f"import-time stand-in for {spec.name} (kdtree_pipeline.testing.standins)")
         mod.__path__ = []
         mod.__version__ = "0.0.0+standin"
         mod.__dict__.update(self.attrs.get(spec.name, {}))

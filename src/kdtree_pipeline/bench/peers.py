@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 import torch
 
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 V_DIM = 512
 FLASHMLA_PAGE = 64

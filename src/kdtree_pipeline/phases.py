@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kdtree_engine.pipeline.evidence import record_name
+
+def record_name(gate: str, variant: str | None = None) -> str:
+    """``oracle`` -> ``oracle``; (``bench``, ``micro``) -> ``bench-micro``: the evidence file stem."""
+    return f"{gate}-{variant}" if variant else gate
 
 
 class PhaseError(ValueError):

@@ -7,7 +7,7 @@ status codes, wrong answers, non-JSON bodies, dropped connections, stalls and
 drops mid-stream, dying after N requests. Use it in-process
 (``FakeServer(FakeConfig(...)).start()``) or as a process for ``--launch``::
 
-    python -m kdtree_engine.testing.fake_server --port 8123 --ready-after 0.5 --die-after 3
+    python -m kdtree_pipeline.testing.fake_server --port 8123 --ready-after 0.5 --die-after 3
 
 It is a test double, not a model: it answers the capital-of-France prompt with
 " Paris", a pass-key prompt with the key it finds in the text, anything else
@@ -260,7 +260,7 @@ def _make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the fake server as a process (for ``--launch`` tests)."""
-    p = argparse.ArgumentParser(prog="python -m kdtree_engine.testing.fake_server")
+    p = argparse.ArgumentParser(prog="python -m kdtree_pipeline.testing.fake_server")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--ready-after", type=float, default=0.0, help="seconds of 503 on /health")
     p.add_argument("--never-ready", action="store_true")

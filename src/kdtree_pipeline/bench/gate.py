@@ -1,17 +1,17 @@
 """The ``bench`` gate: the owned kernel against its peers, in one process, on the same inputs.
 
-    python -m kdtree_engine bench [--suite micro|long-context|fragmentation|graph]
+    python -m kdtree_pipeline bench [--suite micro|long-context|fragmentation|graph]
         [--systems ours,sglang-extend,sglang-splitkv,flashmla] [--out DIR]
         [--budget-s S] [--evidence-dir DIR] [--list]
 
-Per suite (:mod:`kdtree_engine.bench.suites`): measure the GPU's copy bandwidth
-and bf16 matmul rate (:mod:`~kdtree_engine.bench.roofline`), then for every
+Per suite (:mod:`kdtree_pipeline.bench.suites`): measure the GPU's copy bandwidth
+and bf16 matmul rate (:mod:`~kdtree_pipeline.bench.roofline`), then for every
 case build rotated random input sets on the GPU, compute the fp32 reference,
-and time every system (graph replay and eager, :mod:`~kdtree_engine.bench.timing`),
+and time every system (graph replay and eager, :mod:`~kdtree_pipeline.bench.timing`),
 checking each timed output against the reference. A peer that is not
 importable is reported as missing, one that cannot do a case as unsupported,
 one that raises as an error; the other figures are still written. Then the
-targets of issue 4 (:mod:`~kdtree_engine.bench.targets`) are evaluated on the
+targets of issue 4 (:mod:`~kdtree_pipeline.bench.targets`) are evaluated on the
 figures of this run, and the report (JSON, markdown, PNGs) goes to ``--out``
 (default ``build/bench/``) and one evidence record ``bench-<suite>.json``.
 
@@ -30,12 +30,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kdtree_engine.bench import report as report_mod
-from kdtree_engine.bench import suites as suites_mod
-from kdtree_engine.bench.results import Result, Table
-from kdtree_engine.bench.suites import Case, Suite
-from kdtree_engine.bench.targets import OURS, SPECS, TargetResult, evaluate, gate_passes
-from kdtree_engine.pipeline import evidence
+from kdtree_pipeline import evidence
+from kdtree_pipeline.bench import report as report_mod
+from kdtree_pipeline.bench import suites as suites_mod
+from kdtree_pipeline.bench.results import Result, Table
+from kdtree_pipeline.bench.suites import Case, Suite
+from kdtree_pipeline.bench.targets import OURS, SPECS, TargetResult, evaluate, gate_passes
 
 GATE = "bench"
 #: where the inputs live (the tests point it at the CPU with a simulated CUDA)
@@ -101,9 +101,9 @@ def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missin
     after them (the bench's group by default; tools/ab_bench.py passes its own)."""
     import torch
 
-    from kdtree_engine.bench import data, timing
-    from kdtree_engine.bench.peers import PEERS, PeerUnsupported
-    from kdtree_engine.oracle import reference
+    from kdtree_pipeline.bench import data, timing
+    from kdtree_pipeline.bench.peers import PEERS, PeerUnsupported
+    from kdtree_pipeline.oracle import reference
 
     plan = [(s, m) for s in systems for m in PEERS[s].masks(case.masks)]
     try:
@@ -205,9 +205,9 @@ def run_suite(suite: Suite, systems: tuple[str, ...], budget_s: float, seed: int
     """Run one suite on the current CUDA device; returns everything the report and the record need."""
     import torch
 
-    from kdtree_engine.bench import roofline
-    from kdtree_engine.bench.data import DEFAULT_L2_BYTES
-    from kdtree_engine.bench.peers import PEERS
+    from kdtree_pipeline.bench import roofline
+    from kdtree_pipeline.bench.data import DEFAULT_L2_BYTES
+    from kdtree_pipeline.bench.peers import PEERS
 
     t0 = time.monotonic()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -343,7 +343,7 @@ def _metrics(suite: Suite, run: dict[str, Any], out_dir: Path) -> dict[str, Any]
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kdtree bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline bench", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="micro", help=f"one of {', '.join(suites_mod.SUITES)} (default: micro)")
     ap.add_argument("--systems", default=None,
                     help=f"comma list of {', '.join(suites_mod.SYSTEMS)} (default: the suite's systems)")
@@ -357,7 +357,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validated(args: argparse.Namespace) -> tuple[Suite, tuple[str, ...]]:
-    """The suite and systems ``args`` name (from :mod:`~kdtree_engine.bench.suites`);
+    """The suite and systems ``args`` name (from :mod:`~kdtree_pipeline.bench.suites`);
     ValueError naming the bad argument, what was expected and what came."""
     suite = suites_mod.get_suite(args.suite)
     systems = suites_mod.parse_systems(args.systems, suite)

@@ -2,7 +2,7 @@
 
 A :class:`Case` is one verify call shape: ``bs`` requests of ``n`` drafts and
 ``heads`` query heads over a prefix of ``prefix`` cached tokens each, with the
-slots laid out as ``layout`` (see :mod:`kdtree_engine.oracle.workloads`). A
+slots laid out as ``layout`` (see :mod:`kdtree_pipeline.oracle.workloads`). A
 *ragged* case (:meth:`Case.ragged`) gives each request its own prefix length
 (``prefixes``); its ``prefix`` is then the longest of them, the host hint
 ``max_prefix_len`` that ours is called with.
@@ -178,7 +178,7 @@ class Suite:
     cases: tuple[Case, ...]
     #: systems run by default (``--systems`` narrows it)
     systems: tuple[str, ...]
-    #: the targets evaluated on this suite (names from :mod:`kdtree_engine.bench.targets`)
+    #: the targets evaluated on this suite (names from :mod:`kdtree_pipeline.bench.targets`)
     targets: tuple[str, ...]
     #: wall-clock budget of the whole suite in seconds; cases past it are skipped (and fail the gate)
     budget_s: float

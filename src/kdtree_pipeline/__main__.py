@@ -1,4 +1,4 @@
-"""``python -m kdtree_engine <gate> [args]``: run one gate and write its evidence.
+"""``python -m kdtree_pipeline <gate> [args]``: run one gate and write its evidence.
 
 Every nox gate session calls this, so a gate runs the same way with or without
 nox (and with ``nox --no-venv`` on a GPU host that cannot build venvs). A
@@ -13,27 +13,27 @@ import sys
 
 #: gate name -> "module:function"; the function takes argv and returns an exit code.
 GATES: dict[str, str] = {
-    "build": "kdtree_engine.kernel.build:main",
-    "oracle-selftest": "kdtree_engine.oracle.selftest:main",
-    "oracle": "kdtree_engine.oracle.gate:main",
-    "bench": "kdtree_engine.bench.gate:main",
-    "integrate": "kdtree_engine.sglang.integrate:main",
-    "smoke": "kdtree_engine.smoke.gate:main",
-    "graph": "kdtree_engine.graph.gate:main",
-    "defrag": "kdtree_engine.defrag.gate:main",
+    "build": "kdtree_pipeline.build:main",
+    "oracle-selftest": "kdtree_pipeline.oracle.selftest:main",
+    "oracle": "kdtree_pipeline.oracle.gate:main",
+    "bench": "kdtree_pipeline.bench.gate:main",
+    "integrate": "kdtree_pipeline.integrate:main",
+    "smoke": "kdtree_pipeline.smoke.gate:main",
+    "graph": "kdtree_pipeline.graph.gate:main",
+    "defrag": "kdtree_pipeline.defrag:main",
 }
 
 #: gate name -> "module:function" that checks its arguments without a GPU, files or
 #: a server and returns what is wrong (None when nothing is).
 CHECKS: dict[str, str] = {
-    "bench": "kdtree_engine.bench.gate:check_args",
+    "bench": "kdtree_pipeline.bench.gate:check_args",
 }
 
 
 def check_args(name: str, argv: list[str]) -> str | None:
-    """What is wrong with ``python -m kdtree_engine <name> <argv>``, or None: the gate
+    """What is wrong with ``python -m kdtree_pipeline <name> <argv>``, or None: the gate
     name, then the gate's own arguments (a bench suite or system named in
-    :mod:`kdtree_engine.bench.suites`). Pure: reads no device, writes nothing."""
+    :mod:`kdtree_pipeline.bench.suites`). Pure: reads no device, writes nothing."""
     if name not in GATES:
         return f"unknown gate {name!r}; expected one of: {', '.join(GATES)}"
     spec = CHECKS.get(name)
@@ -46,7 +46,7 @@ def check_args(name: str, argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m kdtree_engine <gate> [args]\ngates: " + ", ".join(GATES))
+        print("usage: python -m kdtree_pipeline <gate> [args]\ngates: " + ", ".join(GATES))
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     problem = check_args(name, rest)

@@ -1,6 +1,6 @@
 """The ``integrate`` gate: SGLang's real Triton backend in TARGET_VERIFY, plugin off vs on.
 
-``python -m kdtree_engine integrate [--quick] [--out DIR]`` runs two worker
+``python -m kdtree_pipeline integrate [--quick] [--out DIR]`` runs two worker
 processes, one with ``KDTREE_VERIFY=off`` and one with ``on``. Each loads
 plugins the way SGLang does (``sglang.srt.plugins.load_plugins()`` through the
 ``sglang.srt.plugins`` entry point), builds SGLang's own MLA fixture with the
@@ -21,7 +21,7 @@ pip-installed), the parent writes a minimal ``kdtree_engine-<ver>.dist-info``
 (``METADATA`` + ``entry_points.txt``) into a temporary folder and puts it on the
 workers' ``PYTHONPATH``; no pip and no network needed.
 
-Stand-ins: the workers install :mod:`kdtree_engine.testing.standins` for
+Stand-ins: the workers install :mod:`kdtree_pipeline.testing.standins` for
 ``sgl_kernel`` (and ``torchvision``) only when the real package is missing;
 the evidence records whether they were used.
 """
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from kdtree_engine.oracle import workloads
+from kdtree_pipeline.oracle import workloads
 
 GATE = "integrate"
 EP_GROUP = "sglang.srt.plugins"
@@ -210,7 +210,7 @@ def _run_worker(mode: str, out: Path, quick: bool, extra_path: Path | None, time
     env.pop("SGLANG_PLUGINS", None)
     paths = [str(p) for p in (extra_path, _src_root()) if p is not None]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    cmd = [sys.executable, "-m", "kdtree_engine.sglang.integrate", "--worker", "--out", str(out)]
+    cmd = [sys.executable, "-m", "kdtree_pipeline.integrate", "--worker", "--out", str(out)]
     if quick:
         cmd.append("--quick")
     if kit_graph_only:
@@ -239,13 +239,13 @@ def run_off_on(out: Path, quick: bool, timeout: float, kit_graph_only: bool = Fa
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m kdtree_engine integrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m kdtree_pipeline integrate", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="folder for worker outputs (default build/integrate)")
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} and the kit checks")
     p.add_argument("--timeout", type=float, default=1500.0, help="seconds per worker process")
     p.add_argument("--evidence-dir", type=Path, default=None)
     args = p.parse_args(argv)
-    from kdtree_engine.pipeline.evidence import make_record, repo_root, write_record
+    from kdtree_pipeline.evidence import make_record, repo_root, write_record
 
     out = args.out or repo_root() / "build" / "integrate"
     if not torch.cuda.is_available():
@@ -464,14 +464,14 @@ def compare_kit_graph(name: str, off_dir: Path, on_dir: Path) -> tuple[bool, str
 
 
 def worker_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kdtree_engine.sglang.integrate --worker")
+    p = argparse.ArgumentParser(prog="kdtree_pipeline.integrate --worker")
     p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--kit-graph-only", action="store_true", help="only the kit's CUDA-graph checks (graph gate)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kdtree_engine.testing import standins as _standins
+    from kdtree_pipeline.testing import standins as _standins
 
     standins = {"sgl_kernel": _standins.install_sgl_kernel_standin(),
                 "torchvision": _standins.install_torchvision_standin()}

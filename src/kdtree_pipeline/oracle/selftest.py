@@ -1,6 +1,6 @@
 """The ``oracle-selftest`` gate (Phase 0, CPU): is the fp32 reference right?
 
-    python -m kdtree_engine oracle-selftest [--write-golden]
+    python -m kdtree_pipeline oracle-selftest [--write-golden]
 
 1. The fp32 reference (:func:`reference.verify_attention_ref`, vectorised,
    reads the FULL_MASK) against an independent formulation
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from kdtree_engine.oracle import compare, reference, workloads
-from kdtree_engine.pipeline import evidence
+from kdtree_pipeline import evidence
+from kdtree_pipeline.oracle import compare, reference, workloads
 
 GOLDEN = Path(__file__).with_name("golden.pt")
 
@@ -101,7 +101,7 @@ def run(seed: int = 0) -> tuple[bool, dict, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kdtree oracle-selftest", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline oracle-selftest", description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-golden", action="store_true", help="regenerate golden.pt (then review the diff)")
     ap.add_argument("--evidence-dir", type=Path, default=None)

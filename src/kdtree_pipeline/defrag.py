@@ -1,4 +1,4 @@
-"""The ``defrag`` gate (Phase 5): ``python -m kdtree_engine defrag``.
+"""The ``defrag`` gate (Phase 5): ``python -m kdtree_pipeline defrag``.
 
 Proves, on a CUDA GPU:
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from kdtree_engine.bench.timing import replay_us
 from kdtree_engine.defrag.compact import Strategy, apply_plan, count_runs, plan_defrag
+from kdtree_pipeline.bench.timing import replay_us
 
 GATE = "defrag"
 HEAD_DIM = 576
@@ -343,7 +343,7 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kdtree_engine defrag", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline defrag", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pool-tokens", type=_positive, default=1 << 18, help="slots per layer pool, padding excluded")
     ap.add_argument("--layers", type=_positive, default=8)
@@ -417,7 +417,7 @@ def run_checks(args: argparse.Namespace, dev: torch.device) -> tuple[dict[str, A
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from kdtree_engine.pipeline.evidence import make_record, write_record
+    from kdtree_pipeline.evidence import make_record, write_record
 
     metrics: dict[str, Any] = {}
     details: dict[str, Any] = {}

@@ -12,7 +12,7 @@ Files under the output folder, named after the suite:
   FlashMLA's / ours (chain); for the graph suite eager / replay.
 
 Plots need matplotlib (Agg backend); without it the report says so and the
-JSON and markdown are still written; ``python -m kdtree_engine.bench.report
+JSON and markdown are still written; ``python -m kdtree_pipeline.bench.report
 <suite>.json`` re-renders them later on a machine that has it.
 """
 
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kdtree_engine.bench.results import Result, Table
-from kdtree_engine.bench.suites import Case, Suite, length_counts, prefix_lens_of
-from kdtree_engine.bench.targets import TargetResult
+from kdtree_pipeline.bench.results import Result, Table
+from kdtree_pipeline.bench.suites import Case, Suite, length_counts, prefix_lens_of
+from kdtree_pipeline.bench.targets import TargetResult
 
 #: (system, mask, column header) of the main table
 COLUMNS = (("ours", "tree", "ours tree"), ("ours", "chain", "ours chain"),
@@ -374,12 +374,12 @@ def write(report: dict[str, Any], out_dir: Path | str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kdtree_engine.bench.report REPORT.json [--out DIR]``: re-render the markdown
+    """``python -m kdtree_pipeline.bench.report REPORT.json [--out DIR]``: re-render the markdown
     and PNGs from a report JSON (e.g. one carried back from a GPU host without matplotlib)."""
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m kdtree_engine.bench.report", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline.bench.report", description=main.__doc__)
     ap.add_argument("report", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="folder (default: the JSON's folder)")
     args = ap.parse_args(argv)
