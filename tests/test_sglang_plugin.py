@@ -276,6 +276,7 @@ def test_non_verify_calls_go_to_the_original_unchanged(runtime_on):
     assert b is backend and args[0] is q and args[3] is layer and kwargs == {"save_kv_cache": True, "sinks": None}
     assert runtime_on == []
     assert plugin.status()["fallbacks"] == {"not a TARGET_VERIFY forward": 1}
+    assert plugin.status()["verify_fallbacks"] == 0  # a prefill call is out of scope, not a verify fallback
 
 
 def test_unexpected_arguments_go_to_the_original(runtime_on):
@@ -551,7 +552,21 @@ def test_many_distinct_bad_batches_log_once_per_kind_and_stay_bounded(runtime_on
     assert "(129 draft tokens per request)" in lines[0] and "expected 0 slot ids" in lines[1]
     st = plugin.status()
     assert st["fallbacks"] == {"draft tokens per request not supported (1..128)": 1000, plugin.K_REFUSED: 1000}
+    assert st["verify_fallbacks"] == 2000
     assert len(plugin._runtime.logged) == 2 and len(orig.calls) == 2000
+
+
+def test_kernel_calls_are_logged_at_powers_of_two(caplog):
+    """A server's log says what the kernel served without a line per call: the counts at
+    1, 2, 4, 8, ... calls, with the verify calls SGLang's path took."""
+    r = plugin._Runtime()
+    r.note("k ext refused", logging.WARNING)
+    with caplog.at_level(logging.INFO, logger="kdtree_engine.sglang"):
+        for i in range(9):
+            r.count_kernel_call(plan=object(), make_plan=i % 4 == 0)
+    lines = [m.getMessage() for m in caplog.records if "kernel calls" in m.getMessage()]
+    assert [int(line.split(": ")[1].split()[0]) for line in lines] == [1, 2, 4, 8]
+    assert lines[-1].endswith("8 kernel calls (step plan made 2, read 6), 1 verify calls on SGLang's path")
 
 
 def test_fallback_kinds_are_capped(monkeypatch):

@@ -183,13 +183,19 @@ class _Runtime:
         self.kernel_calls = 0
         self.plan_calls = {"made": 0, "read": 0}  # kernel calls that made / read the step plan
         self.fallbacks: dict[str, int] = {}
+        # calls the kernel is meant for (TARGET_VERIFY of an MLA model) that SGLang's path served:
+        # the figure that must stay 0 (prefill and decode calls are out of scope, not fallbacks)
+        self.verify_fallbacks = 0
 
     def note(self, kind: str, level: int, detail: str = "") -> None:
-        """Count a fallback by kind; log each kind once (with the first call's detail)."""
+        """Count a fallback by kind; log each kind once (with the first call's detail). ``level``
+        below WARNING marks a call out of the kernel's scope (prefill, decode, another model)."""
         with self.lock:
             if kind not in self.fallbacks and len(self.fallbacks) >= MAX_KINDS:
                 kind = OTHER_KIND
             self.fallbacks[kind] = self.fallbacks.get(kind, 0) + 1
+            if level >= logging.WARNING:
+                self.verify_fallbacks += 1
             first = kind not in self.logged
             self.logged.add(kind)
         if first:
@@ -227,10 +233,18 @@ class _Runtime:
         return got
 
     def count_kernel_call(self, plan: Any = None, make_plan: bool = False) -> None:
+        """Count a call the kernel served; at 1, 2, 4, 8, ... calls log the counts (a server's
+        log then says what ran without a per-call line; under CUDA graphs the hook runs, and
+        counts, while SGLang captures: replays run the captured kernels without Python)."""
         with self.lock:
             self.kernel_calls += 1
             if plan is not None:
                 self.plan_calls["made" if make_plan else "read"] += 1
+            n, made, read, refused = self.kernel_calls, self.plan_calls["made"], self.plan_calls["read"], \
+                self.verify_fallbacks
+        if n & (n - 1) == 0:
+            logger.info("kdtree verify [%s]: %d kernel calls (step plan made %d, read %d), %d verify calls on "
+                        "SGLang's path", _rank_label(), n, made, read, refused)
 
 
 _runtime = _Runtime()
@@ -238,8 +252,9 @@ _runtime = _Runtime()
 
 def status() -> dict[str, Any]:
     """What the plugin decided and did in this process: enabled, reason, library,
-    kernel_calls, plan_calls (of those, how many made and how many read the step plan)
-    and fallbacks (kind -> count)."""
+    kernel_calls, plan_calls (of those, how many made and how many read the step plan),
+    fallbacks (kind -> count) and verify_fallbacks (of those, the calls the kernel is meant
+    for: TARGET_VERIFY of an MLA model)."""
     r = _runtime
     with r.lock:
         return {
@@ -250,6 +265,7 @@ def status() -> dict[str, Any]:
             "kernel_calls": r.kernel_calls,
             "plan_calls": dict(r.plan_calls),
             "fallbacks": dict(r.fallbacks),
+            "verify_fallbacks": r.verify_fallbacks,
         }
 
 
