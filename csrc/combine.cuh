@@ -76,7 +76,7 @@ __device__ __forceinline__ bool combine_row(const Params& p, int64_t grow, int& 
 // not cover (its lengths changed since the plan was made) sets KDTREE_ERR_PLAN. Loaded beside
 // plan_meta after the wait and compared only once both are in (plan_rows, then check_plan_rows):
 // a compare and its atomic between the two loads put a second L2 round trip on the combine's
-// critical path (docs/kernel-notes.md AC5, AD1).
+// critical path (0.5-1.4% of a planned call on the H200).
 __device__ __forceinline__ int64_t plan_rows(const Params& p, int b, int64_t rows) {
   return p.plan ? reinterpret_cast<const int*>(p.plan + PLAN_ROWS_OFF)[b] : rows;
 }
@@ -252,11 +252,11 @@ __device__ __forceinline__ void combine_store(const Params& p, int tok, int head
 // (one 16-byte load of bf16) per thread per split, every split's partial and LSE loaded at
 // once (merge_splits8: one round trip to memory for the row; the looped walk it replaced made
 // two dependent round trips per split, the LSE and then the partial behind a branch on it:
-// 16 at bs8's 8 splits, docs/kernel-notes.md session U1). MAXS >= the grid's num_splits >=
+// 16 at bs8's 8 splits; 2-7% of the batched calls on the H200). MAXS >= the grid's num_splits >=
 // the row's S (split_plan): the host picks the instance, so the register arrays stay as short
 // as the call allows and the occupancy of the few-split calls (bs64 N4 H16: 2 splits, 4096
 // rows) stays whole. At 16 splits (bs1 N64 H8 64k, N4 H128) it is faster than the wide
-// kernel's one pass (session U).
+// kernel's one pass (2-6% of the call on the H200).
 constexpr int COMBINE_NARROW_THREADS = 512;
 constexpr int COMBINE_NARROW_ROWS = COMBINE_NARROW_THREADS / 64;
 constexpr int COMBINE_NARROW_MAX = 16;  // instances for 2, 4, 8 and 16 splits (combine.cu)
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
 // The batch schedule's narrow combine: pieces of PIECE_SPLITS<MAXS> splits of a row, so that a
 // long row of a ragged batch is merged by many 64-thread groups at once instead of one walking
 // its splits (one 64k request among seven 1k ones: 57 splits, 8 round trips in a row on 16 of
-// the 132 SMs; docs/kernel-notes.md X5, Y1). Request b of S_b > 1 splits has C_b =
+// the H200's 132 SMs: 71 us a call, 57 in pieces). Request b of S_b > 1 splits has C_b =
 // ceil(S_b / K) chunks a row. The work is cut in units of COMBINE_NARROW_ROWS groups, one
 // CTA's iteration, each unit of one request (a request's units are padded to whole units);
 // the units are numbered request by request and CTA x takes units x, x + gridDim.x, ...
@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_NARROW_MIN_BLO
 //   CTA. Each group merges its chunk (fp32 o, maximum and sum) into shared memory; after a
 //   barrier the row's first group merges the C results and stores the row. No second round
 //   trip to memory: a version that wrote each chunk's result to the workspace, counted it in on
-//   an arrival counter and had the last group reload them from L2 cost ragged batches 3-4 us a
-//   call (docs/kernel-notes.md AA2).
+//   an arrival counter and had the last group reload them from L2 cost ragged batches 1-2.5 us
+//   a call on the H200.
 // - C > 8 (a row of more than 8 K splits): pieces of one chunk a group, chunk-major; piece c
 //   writes its result as the partial of split cK (normalised bf16 and its LSE), then counts
 //   itself in on the row's counter (Params::plan_cnt, zeroed by the main kernel); the last of
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(COMBINE_NARROW_THREADS, COMBINE_PLANNED_MIN_BL
 // of 64 threads (8 columns each, 16-byte loads), group q taking splits q, q + G, ... (at most
 // PASS each), every load at once; the groups meet in shared memory as in combine_wide_kernel's
 // one pass. Against that pass (128 threads per group, 8-byte loads, 1024 threads) it is 1 us
-// faster at bs1 N16 H8 1k and 4k and 1-2 us at 23k-91k (docs/kernel-notes.md, session U).
+// faster at bs1 N16 H8 1k and 4k and 1-2 us at 23k-91k, on the H200.
 constexpr int COMBINE_ONE_PASS64 = 10;
 template <int G, int PASS, bool PLANNED>
 __global__ void __launch_bounds__(64 * G) combine_onepass_kernel(const Params p) {

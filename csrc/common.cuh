@@ -4,10 +4,10 @@
 // tiles a CTA takes, the device-side checks of indptrs, slot ids and mask
 // extents, the tree-mask test and the epilogue that writes O and the LSE.
 //
-// The split schedule is the device's (issue 16): the host's num_splits sizes the grid
-// and the workspace and is only the most splits a request may take. Every CTA of the
-// main kernels and the combine derives its request's own split count from the lengths
-// it reads (split_plan: about 128 keys per split at the least, every split non-empty),
+// The split schedule is the device's, since a captured graph replays new lengths: the host's
+// num_splits sizes the grid and the workspace and is only the most splits a request may take.
+// Every CTA of the main kernels and the combine derives its request's own split count from the
+// lengths it reads (split_plan: about 128 keys per split at the least, every split non-empty),
 // so a graph captured with the GPU-filling maximum launches the CTAs of a short prefix
 // and exits the rest at once; a request of one split writes O and the LSE itself and
 // the combine skips its rows. No host value and no extra kernel is involved.
@@ -51,7 +51,7 @@ constexpr int WS_HEADER = 256;            // bytes of workspace header (error wo
 // Split-KV partial outputs are bf16 (FlashInfer's choice: its decode keeps them in the output
 // type, only the LSEs in fp32; FlashMLA keeps fp32). It halves the bytes the main kernel
 // writes and the combine reads (17 MB -> 8.6 MB at bs1 N16 H8 64k), at one more bf16
-// rounding per split, merged in fp32 (docs/kernel-notes.md, entries Q7 and S1).
+// rounding per split, merged in fp32 (2-5% faster at bs1 on the H200, within the oracle's bounds).
 using part_t = __nv_bfloat16;
 constexpr int WS_FAST_BOXES = 1;         // header word: 32-row boxes the contiguous fast path loaded
 // After the header, where a call has splits: the batch schedule's per-request (first partial row,
@@ -62,7 +62,7 @@ constexpr int WS_PARTS = WS_HEADER + WS_PLAN_BYTES;  // bytes of workspace befor
 // (T * H * num_splits); the batch schedule's budget is at most one CTA an SM and PLAN_BM partial
 // rows a CTA, and at 2 the workspace lets it take every SM where T * H * num_splits / PLAN_BM
 // fell short of them (choose_num_splits rounds the wave down: 128 of 132 CTAs at bs32 N8 H16,
-// 2 splits; docs/kernel-notes.md AD3).
+// 2 splits; taking all 132 made the H200's ragged batches up to 3% faster).
 constexpr int WS_PART_FACTOR = 2;
 
 struct Params {
@@ -96,8 +96,8 @@ struct Params {
   // split_plan.
   int planned, split_budget;
   // The batch schedule's (first partial row, splits) of each request, written by the request's
-  // first CTA and read by the combine after griddepcontrol.wait, so that the combine does not
-  // derive the plan again (docs/kernel-notes.md X1). In the workspace, after the header.
+  // first CTA and read by the combine after griddepcontrol.wait: a combine that derived the
+  // plan again cost bs32 and bs64 calls 8-10 us on the H200. In the workspace, after the header.
   int2* plan_meta;
   // One arrival counter per partial row of split 0 (index slot_b + r), for the combine's pieces
   // (combine.cuh combine_pieces_kernel): the request's first CTA zeroes its rows' counters, the
@@ -326,16 +326,16 @@ __device__ __forceinline__ Request load_request(const Params& p, int b) {
   return r;
 }
 
-// The batch schedule (issue 16, ragged batches): one wave of split_budget CTAs shared by the
+// The batch schedule (for ragged batches): one wave of split_budget CTAs shared by the
 // whole batch in proportion to its work, computed on the device from the step's lengths, so
 // that a captured graph adapts to the prefixes it replays (FlashMLA's get_mla_metadata does
-// this in a kernel of its own, docs/flashmla-schedule.md; here warp 0 of each main-kernel CTA
-// derives it in a few hundred cycles, and the request's first CTA hands its (slot, splits) to
+// this in a kernel of its own, once per step; here warp 0 of each main-kernel CTA derives
+// it in a few hundred cycles, and the request's first CTA hands its (slot, splits) to
 // the combine through Params::plan_meta). Request b has rt_b row tiles and steps_b steps of
 // split_keys keys; all take the same `per` steps per split, the smallest (at least
 // SPLIT_MIN_KEYS keys) for which the CTAs sum_b rt_b * ceil(steps_b / per) fit the budget.
 // So a long request of a batch of short ones takes most of the GPU instead of its 1/bs share
-// (split_plan's cap: one 64k prefix among seven 1k ones ran 4x slower than FlashMLA). A
+// (split_plan's cap: on the H200 one 64k prefix among seven 1k ran 4x slower than FlashMLA). A
 // uniform batch gets split_plan's counts. The CTAs are numbered request by request, row tile
 // fastest (the row tiles of a split read the same keys together), and a request of several
 // splits owns the partial rows slot_b .. slot_b + splits_b * rows_b (split s, row r at
@@ -356,7 +356,7 @@ __device__ __forceinline__ int plan_tiles(int rows) { return rows < 0 ? 1 : (row
 // A request's steps of split_keys keys, ceil((L + N) / split_keys) and at least 1: the batch
 // schedule's term (plan_terms) and the step plan's check in setup_work, one formula for both.
 // In int, exact for any L load_request accepts (<= INT32_MAX: L + N itself could overflow, so
-// the remainder takes the drafts); an int64 division here spilled the sm_120 tile (entry AC1).
+// the remainder takes the drafts); an int64 division here spilled the sm_120 tile (20 B on sm_120a).
 __device__ __forceinline__ int request_steps(int L, int N, int split_keys) {
   return max(1, L / split_keys + (L % split_keys + N + split_keys - 1) / split_keys);
 }
@@ -616,9 +616,9 @@ __device__ __forceinline__ float masked_score(const Params& p, const Work& w, fl
 // Two butterfly rounds per four blocks 4j .. 4j + 3 give lane tq all 8 columns of block 4j + tq:
 // round 1 (xor 1) leaves lanes 2c, 2c + 1 with columns 4c .. 4c + 3 of blocks b, 2 + b
 // (b = tq & 1), round 2 (xor 2) with 8 columns of block tq. One STG.128 per four blocks where a
-// plain store takes four (the sm_120 tile's epilogue waited on its store queue, entry J6). Every
-// lane shuffles, also those of rows past the request (the shuffles take the whole warp); only
-// the stores are predicated.
+// plain store takes four: on the H200, bf16 partials in 4-byte stores (half a sector each) were
+// up to 25% slower than fp32 ones, in 16-byte stores 2-5% faster. Every lane shuffles, also
+// those of rows past the request (the shuffles take the whole warp); only the stores are predicated.
 __device__ __forceinline__ void store_rows(const Params& p, const float* acc, const float* m_run,
                                            const float* l_run, int r0, int rows, int qo_start,
                                            int64_t part_slot, bool partial, int half, int tq) {
@@ -628,7 +628,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float* acc, co
     inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
     lse = l_run[h] > 0.f ? (m_run[h] + log2f(l_run[h])) * LN2 : -CUDART_INF_F;
   };
-  if (partial) {  // two loops, not one with a branch: one spills 8 B in the sm_120 tile (S1)
+  if (partial) {  // two loops, not one with a branch: one spills 8 B in the sm_120 tile
     const bool b = tq & 1, c = (tq >> 1) & 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

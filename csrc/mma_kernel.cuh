@@ -15,8 +15,8 @@
 // CTA for all 64 rows by 16-byte cp.async gathers (one slot = 1152 contiguous bytes) into
 // two stages, a full and an empty mbarrier each, so that no __syncthreads holds the math
 // warps in step; setmaxnreg gives the math warps 240 registers and the producers 24 (sm_90a,
-// sm_120a). The tree mask is read only for tiles that reach the drafts. docs/kernel-notes.md
-// (sm_120 entries) has the measurements, and the tiles this replaced.
+// sm_120a). The tree mask is read only for tiles that reach the drafts. No sm_120 GPU was at
+// hand: the figures below are this tile's, run on an H200 in the sm_120 emulation.
 #pragma once
 
 #include "common.cuh"
@@ -67,7 +67,7 @@ constexpr int SMEM = LR_OFF + MATH_THREADS * 8;
 constexpr int MATH_REGS = 240, PRODUCER_REGS = 24;
 constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;  // what __launch_bounds__(THREADS, 1) leaves each thread
 static_assert(MATH_THREADS * MATH_REGS + PTHREADS * PRODUCER_REGS <= LAUNCH_REGS * THREADS,
-              "setmaxnreg.inc would wait for registers the CTA's pool never holds (entry N1's hang)");
+              "setmaxnreg.inc would wait for registers the CTA's pool never holds: the kernel would hang");
 #ifndef KDTREE_QREG_VBUF
 #define KDTREE_QREG_VBUF 3
 #endif
@@ -81,7 +81,7 @@ static_assert(BN == tiles::MMA_BN, "the split schedule's step (Params::split_key
 static_assert(BM == PLAN_BM, "the batch schedule (batch_plan) counts row tiles of PLAN_BM rows");
 
 // Row group rg's two warps are 2 rg and 2 rg + 1: they sit on two SMSPs, and each SMSP holds
-// warps of two row groups, which drift apart once no __syncthreads holds them in step (entry N1:
+// warps of two row groups, which drift apart once no __syncthreads holds them in step (H200:
 // partners w, w + 4 on one SMSP were 0.5-1.6% slower on 6 of 8 shapes, level at 23k, 0.4% faster
 // at H128)
 __device__ __forceinline__ int warp_rg(int warp) { return warp >> 1; }
@@ -92,7 +92,7 @@ constexpr int PARTNER_XOR = 1;
 // (pair_sync). Warp w's slab is free again at barrier 5 + w (slab_free_*): its partner arrives
 // once it has read the slab, and w syncs before writing it again, so w waits for that read and
 // not for the partner to finish its next S (the symmetric 64-thread barrier this replaced:
-// 3.5% at H128 and N32, 1.4% at bs8, entry O2). 0 is __syncthreads; 13 barriers in all.
+// 3.5% at H128 and N32, 1.4% at bs8, on the H200). 0 is __syncthreads; 13 barriers in all.
 // (The id is a register, as slab_free_*'s are: the four-way switch of immediate ids it replaced
 // compiled to a branch and four predicated BAR.SYNCs in the tile's loop.)
 __device__ __forceinline__ void pair_sync(int rg) {
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   }
   // ---- Q: BM rows x 72 chunks staged in the key stages (all threads): Q_TPR threads per row,
   // chunks sub + Q_TPR j, so that a thread divides by H once (a division per chunk was ~70
-  // instructions of the staging loop's 12 iterations, entry P3) and each row's 6 threads copy
+  // instructions of the staging loop's 12 iterations) and each row's 6 threads copy
   // 96 contiguous bytes per iteration ----
   {
     const int r = tid / Q_TPR, sub = tid % Q_TPR;
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
   // The math warps take their Q fragments from the staged rows. Both roles then meet at one
   // __syncthreads, after which the stages take keys: a __syncthreads reached from two call sites
   // (one per role) is undefined for the aligned bar.sync it compiles to, and synccheck failed the
-  // kernel on it ("Divergent thread(s) in block", entry O1).
+  // kernel on it ("Divergent thread(s) in block").
   const int rg = warp_rg(warp), kh = warp_kh(warp);
   const int g = lane >> 2, tq = lane & 3;
   uint32_t qf[NOPE_STEPS][4];  // A fragments: rows rg*16.., dimensions kh*256 + 16k ..
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(qreg::THREADS, 1) verify_attn_kernel_mma_qreg(
                                : (rope ^ (32 * (k - NOPE_STEPS))) + 64 * 16);
       };
       // (r + 8) & 7 == r & 7: rows 8 further on take the same swizzle. One x4 instead of two
-      // x2 halves the load instructions (entry M2: 0.4-0.8% in the emulation, and the sm_120
+      // x2 halves the load instructions (0.4-0.8% on the H200, emulated, and the sm_120
       // build's loads run further ahead of their HMMAs)
       const uint32_t kb4 = ((lane >> 4) & 1) * 8 * RB;
       uint32_t bq[2][4], qr[2][4];

@@ -35,7 +35,7 @@ constexpr Tile TILES[] = {
      "mma.sync-64x32-qreg"},
 };
 
-// sm_120's per-SM limits (RTX PRO 6000 Blackwell, RTX 5090; docs/kernel-notes.md gives the sources).
+// sm_120's per-SM limits (RTX PRO 6000 Blackwell, RTX 5090), as CCCL's sm_120 arch_traits gives them.
 constexpr int SM120_SMEM_PER_SM = 100 * 1024;
 constexpr int SM120_SMEM_PER_BLOCK = 99 * 1024;
 constexpr int SM120_THREADS_PER_SM = 1536;

@@ -11,7 +11,7 @@ and time every system (graph replay and eager, :mod:`~kdtree_pipeline.bench.timi
 checking each timed output against the reference. A peer that is not
 importable is reported as missing, one that cannot do a case as unsupported,
 one that raises as an error; the other figures are still written. Then the
-targets of issue 4 (:mod:`~kdtree_pipeline.bench.targets`) are evaluated on the
+kernel's targets (:mod:`~kdtree_pipeline.bench.targets`) are evaluated on the
 figures of this run, and the report (JSON, markdown, PNGs) goes to ``--out``
 (default ``build/bench/``) and one evidence record ``bench-<suite>.json``.
 
@@ -46,10 +46,10 @@ MEASURE_BUDGET_S = 0.25
 #: (timing.time_replays): the owned kernel's systems, whose ratios the targets take within
 #: a few percent (tree against chain, the sm_120 emulation against the Hopper kernel, the step
 #: plan made in the call against read). Every
-#: peer is timed alone, after them. FlashMLA too: its replays interleaved with ours' read
-#: 4-11% slower than alone (bs1 N16 H8 64k 53.1-53.3 -> 58.9-59.5 us, bs32 N8 H16 8k
+#: peer is timed alone, after them. FlashMLA too: on the H200 its replays interleaved with
+#: ours' read 4-11% slower than alone (bs1 N16 H8 64k 53.1-53.3 -> 58.9-59.5 us, bs32 N8 H16 8k
 #: 127.6-127.7 -> 132.4-132.9) while ours did not move, for a reason not found; alone is
-#: FlashMLA's faster figure, so ours / FlashMLA is not flattered (docs/kernel-notes.md, L3).
+#: FlashMLA's faster figure, so ours / FlashMLA is not flattered.
 SIDE_BY_SIDE = ("ours", "ours-make", "ours-sm120")
 
 

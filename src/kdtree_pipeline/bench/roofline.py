@@ -19,8 +19,8 @@ ragged batch's bytes and flops are the sums of its requests').
 
 The sm_120 floor (:data:`SM120_RTX_PRO_6000`) is a prediction, not a measurement:
 the same bytes and flops over an RTX PRO 6000 Blackwell's documented memory
-bandwidth and dense bf16 tensor rate with fp32 accumulation (sources in
-docs/kernel-notes.md, "sm_120 facts"). No sm_120 GPU is available here.
+bandwidth and dense bf16 tensor rate with fp32 accumulation (their sources at
+:data:`SM120_RTX_PRO_6000`). No sm_120 GPU is available here.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class Ceilings:
         return d
 
 
-#: RTX PRO 6000 Blackwell (sm_120), from NVIDIA's documentation: 1792 GB/s GDDR7 and the
-#: dense bf16 tensor rate with fp32 accumulation (docs/kernel-notes.md, "sm_120 facts").
+#: RTX PRO 6000 Blackwell (sm_120): 1792 GB/s GDDR7 (NVIDIA's launch specifications, as the
+#: press reported them) and 503.8 TFLOP/s dense bf16 with fp32 accumulation (a secondary spec
+#: page, consistent with 188 SMs x 2.617 GHz x 1024 FLOP/clk; not confirmed by NVIDIA material).
 #: A prediction: the floor an sm_120 user can expect, not a figure measured here.
 SM120_RTX_PRO_6000 = Ceilings(copy_bytes_per_s=1.792e12, matmul_flops_per_s=503.8e12,
                               predicted="RTX PRO 6000 Blackwell datasheet: 1792 GB/s, 503.8 TFLOP/s dense bf16")

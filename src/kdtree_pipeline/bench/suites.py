@@ -10,19 +10,19 @@ Every case is run with a tree mask (``eagle``) and/or a chain mask; SGLang's
 split-KV kernel and FlashMLA only run chains, SGLang's extend kernel runs the
 tree (its time does not depend on the mask).
 
-Suites (docs/design.md section 6, issues 4, 7 and 8):
+Suites (docs/design.md section 6):
 
 - ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1),
   bs=1, N=16, H=8 at prefix 1k and 4k called as under CUDA-graph capture, without
-  the host hint (``-nohint``: the device picks the splits, issue 16), and the
-  ragged batches of tools/ragged_probe.py (:data:`RAGGED_CASES`: one long request
-  among short ones, where the split schedule matters most).
+  the host hint (``-nohint``: the device picks the splits), and the ragged batches
+  (:data:`RAGGED_CASES`: one long request among short ones, where the split schedule
+  matters most).
 - ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
 - ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
   contiguous, in runs of 16/64/256 and fully random, prefix 4k..91k: the
-  penalty of each layout against contiguous (issue 8, "measure").
+  penalty of each layout against contiguous.
 - ``graph``: the owned kernel eager vs CUDA-graph replay at prefix 1k and 64k,
-  bs 1 and 32 (issue 7, "measure").
+  bs 1 and 32: what capture saves a verify call.
 """
 
 from __future__ import annotations
@@ -196,12 +196,12 @@ MICRO_SHAPES = (
 LONG_PREFIXES = (23000, 32768, 49152, 65536, 91000)
 FRAG_PREFIXES = (4096, 23000, 65536, 91000)
 GRAPH_PREFIXES = (1024, 65536)
-#: issue 16: bs=1, N=16, H=8 at these prefixes without the host hint (micro suite)
+#: bs=1, N=16, H=8 at these prefixes without the host hint, as SGLang calls under CUDA-graph
+#: capture (micro suite)
 NOHINT_PREFIXES = (1024, 4096)
-#: ragged batches (micro suite), tools/ragged_probe.py's non-uniform CASES: (label, N, H,
-#: per-request prefixes). One long request among short ones is where the split schedule
-#: matters: ours splits each request by its own length, FlashMLA cuts the batch's work into
-#: equal parts per SM.
+#: ragged batches (micro suite): (label, N, H, per-request prefixes). One long request among
+#: short ones is where the split schedule matters: ours splits each request by its own length,
+#: FlashMLA cuts the batch's work into equal parts per SM.
 RAGGED_CASES = (
     ("one64k-seven1k", 16, 8, (65536,) + (1024,) * 7),
     ("geometric32k", 16, 8, tuple(32768 >> i for i in range(8))),
@@ -210,12 +210,12 @@ RAGGED_CASES = (
     ("two64k-rest1k", 16, 8, (65536, 65536) + (1024,) * 14),
 )
 
-#: the shape of the floor-fraction target (issue 4): bs=1, H=8, N=16, prefix 65536
+#: the shape of the floor-fraction target: bs=1, H=8, N=16, prefix 65536
 FLOOR_SHAPE = (1, 16, 8, 65536)
 #: prefix from which the 50x-over-SGLang-extend target applies (uniform cases only: a ragged
 #: batch is not a long-context call, bench/targets.py)
 EXTEND_TARGET_MIN_PREFIX = 23000
-#: issue 15's seed shapes: bs=1, N=16, H=8 at prefixes 23k..91k (sm_120 within 2.0x of the Hopper kernel)
+#: the sm_120 seed shapes: bs=1, N=16, H=8 at prefixes 23k..91k (sm_120 within 2.0x of the Hopper kernel)
 SM120_SEED = (1, 16, 8)
 SM120_SEED_PREFIXES = (23000, 91000)
 
@@ -241,7 +241,7 @@ SUITES: dict[str, Suite] = {
     ),
     "fragmentation": Suite(
         "fragmentation",
-        "Issue 8: one request's slot ids contiguous / runs of 256, 64, 16 / random, prefix 4k..91k",
+        "Fragmentation: one request's slot ids contiguous / runs of 256, 64, 16 / random, prefix 4k..91k",
         tuple(Case(1, 16, 8, L, layout=lay, masks=("tree",)) for L in FRAG_PREFIXES for lay in FRAG_LAYOUTS),
         ("ours", "ours-sm120", "sglang-extend"),
         ("fragmentation", "sm120_fragmentation"),
@@ -250,7 +250,7 @@ SUITES: dict[str, Suite] = {
     ),
     "graph": Suite(
         "graph",
-        "Issue 7: the owned kernel eager vs CUDA-graph replay per verify call, prefix 1k and 64k, bs 1 and 32",
+        "Graph capture: the owned kernel eager vs CUDA-graph replay per verify call, prefix 1k and 64k, bs 1 and 32",
         tuple(Case(bs, 16, 8, L, masks=("tree",)) for bs in (1, 32) for L in GRAPH_PREFIXES),
         ("ours",),
         (),

@@ -1,4 +1,4 @@
-"""The performance targets of issue 4, evaluated on the figures of one run.
+"""The kernel's performance targets (set on the H200), evaluated on the figures of one run.
 
 Every ratio uses the primary figure (graph replay; eager for a peer that
 could not be captured) of the same run. Each target is evaluated per case and
@@ -13,7 +13,8 @@ reports its worst value, the case it came from and by how much it misses:
 - ``floor_fraction``: bs=1, H=8, N=16, prefix 65536: floor / ours (tree) >= 0.40, goal 0.55;
 - ``fragmentation``: each slot layout within 10% of contiguous (ours, tree).
 
-The sm_120 emulation (system ``ours-sm120``, issue 15), on the same run's figures:
+The sm_120 emulation (system ``ours-sm120``: the RTX PRO 6000 path run on the H200), on the
+same run's figures:
 
 - ``sm120_seed``: bs=1, N=16, H=8 at prefix 23k..91k: ours-sm120 / ours (the Hopper
   kernel), tree, <= 2.0;
@@ -23,8 +24,8 @@ The sm_120 emulation (system ``ours-sm120``, issue 15), on the same run's figure
   prefix >= 23k;
 - ``sm120_fragmentation``: each slot layout within 10% of contiguous (ours-sm120, tree).
 
-A goal (issue 16's targets: 1.0 of FlashMLA, trees within 5% of chains, 0.55 of the
-floor) is reported beside the gate's limit, met or not, and does not fail the gate.
+A goal (what the kernel aims for past the gate: 1.0 of FlashMLA, trees within 5% of chains,
+0.55 of the floor) is reported beside the gate's limit, met or not, and does not fail the gate.
 
 Ragged cases (their own prefix length per request, ``Case.is_ragged``; ``Case.prefix`` is
 the longest) are held to every per-shape ratio like any case: ``splitkv``, ``flashmla``,

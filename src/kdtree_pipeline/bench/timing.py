@@ -146,9 +146,9 @@ def time_replays(preps: Sequence[Prepared], *, budget_s: float = 0.25, min_reps:
     whose order alternates (forward, then backward), so that no runner is timed only in the
     state the previous one left the GPU in. The GPU's clock follows its power and heat: on
     the H200, bs16 N8 H128 8k read 475-493 us when timed first after the inputs were built
-    and 514-522 us when timed after another runner, whatever its mask (docs/kernel-notes.md,
-    session L). Figure per runner: the median replay / calls. A failure ends the graph figure
-    of every runner not timed yet (their eager figures stand)."""
+    and 514-522 us when timed after another runner, whatever its mask. Figure per runner:
+    the median replay / calls. A failure ends the graph figure of every runner not timed
+    yet (their eager figures stand)."""
     live = [p for p in preps if p.graph is not None and not p.timed]
     times: list[list[float]] = [[] for _ in live]  # times[i]: live[i]'s replays
     try:

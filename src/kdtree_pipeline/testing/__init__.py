@@ -1,6 +1,6 @@
-"""Test-only helpers, shipped so that the gates' worker processes and the GPU host's
-sessions can use them: nothing in the plugin, the op or the kernel binding imports
-this package.
+"""Test-only helpers, for the gates' worker processes and the runs on the GPU host:
+nothing in the product (the plugin, the op, the kernel binding) imports this
+package.
 
 - :mod:`~kdtree_pipeline.testing.standins`: import-time stand-ins for ``sgl_kernel`` and
   ``torchvision`` (they edit ``sys.modules``), for SGLang imports on machines without them.
