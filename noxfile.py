@@ -23,6 +23,12 @@ nox.options.reuse_venv = "yes"
 #: would pull a multi-GB CUDA build into every venv.
 TORCH = os.environ.get("KDTREE_TORCH_PIN", "torch==2.13.0")
 SGLANG = "sglang==0.5.23"
+#: The ends of the SGLang range the plugin supports (kdtree_engine.sglang.fallback.SUPPORTED), and
+#: the transformers / tokenizers each pins (their import-time checks refuse others).
+DRIFT_RELEASES = {
+    "0.5.17": ("transformers==5.12.1", "tokenizers==0.22.2"),
+    "0.5.23": ("transformers==5.19.0", "tokenizers==0.23.2"),
+}
 #: What `sglang.srt.plugins.hook_registry` and
 #: `sglang.kernels.ops.attention.extend_attention` need to import on a CPU
 #: (sglang itself goes in with --no-deps). `triton_backend` needs torchvision
@@ -34,7 +40,6 @@ SGLANG_CPU_DEPS = (
     # sglang.srt.layers.attention.triton_backend, its memory pools and the radix cache
     "sentencepiece==0.2.1", "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0", "loguru",
     "gguf", "openai==2.8.0", "distro", "partial-json-parser", "einops",
-    "transformers==5.19.0", "tokenizers==0.23.2",
 )
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config")
 CUDA_PROBE = (
@@ -167,9 +172,32 @@ def tests(session: nox.Session) -> None:
     if _has_venv(session):
         session.install("-e", f".[{PROJECT_EXTRAS}]", TORCH)
         session.install("--no-deps", SGLANG)
-        session.install(*SGLANG_CPU_DEPS, TORCH)
+        session.install(*SGLANG_CPU_DEPS, *DRIFT_RELEASES[SGLANG.split("==")[1]], TORCH)
         session.install("--no-deps", "-e", ".")  # the plugin's entry point must be discoverable
     session.run(_python(session), "-m", "pytest", *PYTEST_FLAGS, *(session.posargs or ("-q",)))
+    if not session.posargs:  # the whole suite ran: check the plugin against both ends of its range too
+        for release in DRIFT_RELEASES:
+            session.notify(f"drift({release})")
+
+
+#: The tests that read SGLang's own classes: what the plugin hooks, reads and calls.
+DRIFT_TESTS = ("tests/test_sglang_drift.py", "tests/test_sglang_fallback.py", "tests/test_sglang_plugin.py")
+
+
+@nox.session
+@nox.parametrize("release", list(DRIFT_RELEASES), ids=list(DRIFT_RELEASES))
+def drift(session: nox.Session, release: str) -> None:
+    """Check the plugin against one SGLang release of its supported range (CPU, SGLang --no-deps)."""
+    if _has_venv(session):
+        session.install("-e", f".[{PROJECT_EXTRAS}]", TORCH)
+        session.install("--no-deps", f"sglang=={release}")
+        session.install(*SGLANG_CPU_DEPS, *DRIFT_RELEASES[release], TORCH)
+        session.install("--no-deps", "-e", ".")
+    out = session.run(_python(session), "-c", "import importlib.metadata as m; print(m.version('sglang'))",
+                      silent=True) or ""
+    if out.strip().splitlines()[-1:] != [release]:
+        session.error(f"drift({release}): the SGLang here is {out.strip() or 'missing'}, not {release}")
+    session.run(_python(session), "-m", "pytest", *PYTEST_FLAGS, "-q", *(session.posargs or DRIFT_TESTS))
 
 
 @nox.session

@@ -158,7 +158,8 @@ def test_every_attribute_the_predicates_read_is_in_the_drift_list():
                      layer=_Recorder(make_layer(), seen, "RadixAttention"),
                      forward_batch=_Recorder(base.forward_batch, seen, "ForwardBatch"))
     assert fallback.evaluate(call).ok
-    listed = {(cls, n) for (_, cls), names in fallback.REQUIRED.items() for n in names}
+    listed = {(cls, n) for table in (fallback.REQUIRED, fallback.OPTIONAL) for (_, cls), names in table.items()
+              for n in names}
     assert seen and seen <= listed, sorted(seen - listed)
 
 
@@ -198,3 +199,59 @@ def test_the_predicates_read_attributes_the_real_triton_backend_sets():
                  "use_verify_shared_kv", "use_verify_splitkv", "use_dense_fp8_chunked_prefill",
                  "use_sliding_window_kv_pool", "dllm_attention"):
         assert f"self.{name} =" in src, name
+
+
+# --- the supported range: 0.5.17's objects lack what 0.5.23 added ---------------------------------
+
+
+def _backend_0517(**over):
+    """A backend shaped like SGLang 0.5.17's: no dllm_attention, use_verify_shared_kv or
+    use_dense_fp8_chunked_prefill, and its unified-pool id translation (None on a plain pool)."""
+    b = make_call().backend
+    fields = {k: v for k, v in vars(b).items()
+              if k not in ("dllm_attention", "use_verify_shared_kv", "use_dense_fp8_chunked_prefill")}
+    meta = SimpleNamespace(**vars(b.forward_metadata), out_cache_loc_full_physical=None)
+    return SimpleNamespace(**{**fields, "forward_metadata": meta, "_translate_kv_loc": None, **over})
+
+
+def test_a_0517_backend_without_the_later_switches_is_accepted():
+    assert fallback.evaluate(make_call(backend=_backend_0517())) == (True, "", logging.DEBUG, "")
+
+
+@pytest.mark.parametrize("over", [{"_translate_kv_loc": lambda loc: loc}, {"forward_metadata": "unified"}])
+def test_a_0517_unified_pool_with_virtual_slot_ids_is_refused(over):
+    if over.get("forward_metadata") == "unified":
+        meta = SimpleNamespace(**vars(_backend_0517().forward_metadata))
+        meta.out_cache_loc_full_physical = torch.arange(T)
+        over = {"forward_metadata": meta}
+    ok, kind, level, _ = fallback.evaluate(make_call(backend=_backend_0517(**over)))
+    assert not ok and kind == "unified (virtual slot id) KV pool not supported" and level == logging.WARNING
+
+
+def test_the_optional_names_read_as_absent_paths_and_nothing_else():
+    b = _backend_0517()
+    assert fallback.optional(b, "dllm_attention") is None
+    assert fallback.optional(b, "use_verify_shared_kv") is False
+    assert fallback.optional(SimpleNamespace(use_verify_shared_kv=True), "use_verify_shared_kv") is True
+    with pytest.raises(KeyError):
+        fallback.optional(b, "use_mla_v2")  # not an optional name: no default is made up
+
+
+@pytest.mark.parametrize(("version", "inside"), [("0.5.17", True), ("0.5.20", True), ("0.5.23", True),
+                                                 ("0.5.16", False), ("0.5.24", False), ("0.6.0", False),
+                                                 ("0.5.23.post1", False), (None, False), ("dev", False)])
+def test_the_supported_range(version, inside):
+    assert fallback.in_supported_range(version) is inside
+
+
+def test_outside_the_range_the_optional_names_are_required():
+    """A release nobody has read may lack a switch for a path it has: then nothing is hooked."""
+    from kdtree_engine.sglang import drift
+
+    inside, outside = drift.required_for("0.5.17"), drift.required_for("0.6.0")
+    tb = ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")
+    assert "use_verify_shared_kv" not in inside[tb] and "use_verify_shared_kv" in outside[tb]
+    assert set(outside[tb]) == set(fallback.REQUIRED[tb]) | set(fallback.OPTIONAL[tb])
+    # this (0.5.23) backend lacks 0.5.17's _translate_kv_loc: as an unknown release it is not hooked
+    assert drift.check(outside) == ["sglang.srt.layers.attention.triton_backend.TritonAttnBackend._translate_kv_loc",
+                                    "sglang.srt.layers.attention.triton_backend.ForwardMetadata.out_cache_loc_full_physical"]

@@ -575,3 +575,34 @@ def test_fallback_kinds_are_capped(monkeypatch):
         r.note(f"kind {i}", logging.DEBUG)
     assert len(r.fallbacks) == plugin.MAX_KINDS + 1 and r.fallbacks[plugin.OTHER_KIND] == 500 - plugin.MAX_KINDS
     assert len(r.logged) == plugin.MAX_KINDS + 1
+
+
+def test_the_write_location_of_a_0517_release_is_the_plain_one(monkeypatch):
+    """0.5.17's KVWriteLoc has no physical mark and no for_batch; its forward_extend builds
+    KVWriteLoc(out_cache_loc, swa_out_cache_loc, full_loc=out_cache_loc_full_physical)."""
+    import dataclasses
+
+    import sglang.srt.mem_cache.memory_pool as mp
+
+    @dataclasses.dataclass
+    class KVWriteLoc0517:
+        loc: torch.Tensor
+        swa_loc: torch.Tensor | None = None
+        full_loc: torch.Tensor | None = None
+
+    monkeypatch.setattr(mp, "KVWriteLoc", KVWriteLoc0517)
+    backend, q, k, v, layer, fb = make_verify()
+    backend.forward_metadata.out_cache_loc_full_physical = None
+    loc = plugin.write_loc(plugin.VerifyCall(backend=backend, q=q, k=k, v=v, layer=layer, forward_batch=fb))
+    assert isinstance(loc, KVWriteLoc0517) and loc.loc is fb.out_cache_loc and loc.full_loc is None
+
+    from kdtree_engine.sglang import drift
+
+    assert drift.check({}) == []  # the plain spelling fits: loc, swa_loc, full_loc and no physical mark
+
+    @dataclasses.dataclass
+    class MarkedWithoutForBatch(KVWriteLoc0517):
+        physical: bool = False
+
+    monkeypatch.setattr(mp, "KVWriteLoc", MarkedWithoutForBatch)
+    assert drift.check({}) == ["sglang.srt.mem_cache.memory_pool.KVWriteLoc.for_batch"]

@@ -52,32 +52,76 @@ class Decision(NamedTuple):
     detail: str = ""
 
 
+#: The SGLang releases the plugin is written for and checked against (the drift check runs on
+#: both ends on CPU: ``nox -s drift``). Inside the range a name of :data:`OPTIONAL` may be absent;
+#: outside it every name is required, so an unknown release hooks only if it has them all.
+SUPPORTED = ("0.5.17", "0.5.23")
+
+_TB = ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")
+_MD = ("sglang.srt.layers.attention.triton_backend", "ForwardMetadata")
+_FB = ("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")
+_KW = ("sglang.srt.mem_cache.memory_pool", "KVWriteLoc")
+
 #: Every attribute and method of SGLang's objects that the predicates, ``prepare``
-#: and ``save_kv`` read: (module, class) -> names. The drift check confirms each
-#: exists on the class (as a class attribute, a dataclass field, or an attribute
+#: and ``save_kv`` read in every supported release: (module, class) -> names. The drift check
+#: confirms each exists on the class (as a class attribute, a dataclass field, or an attribute
 #: some method of the class or its bases assigns) before the hook is registered.
 REQUIRED: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"): (
-        "use_mla", "token_to_kv_pool", "dcp_size", "forward_metadata", "dllm_attention",
-        "enable_deterministic", "use_verify_shared_kv", "use_verify_splitkv",
-        "use_dense_fp8_chunked_prefill", "use_sliding_window_kv_pool", "forward_extend", "_set_kv_buffer",
+    _TB: (
+        "use_mla", "token_to_kv_pool", "dcp_size", "forward_metadata", "enable_deterministic",
+        "use_verify_splitkv", "use_sliding_window_kv_pool", "forward_extend", "_set_kv_buffer",
     ),
-    ("sglang.srt.layers.attention.triton_backend", "ForwardMetadata"): (
-        "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr", "max_extend_len",
-        "swa_out_cache_loc",
-    ),
+    _MD: ("qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr", "max_extend_len",
+          "swa_out_cache_loc"),
     ("sglang.srt.layers.radix_attention", "RadixAttention"): (
         "tp_q_head_num", "qk_head_dim", "v_head_dim", "scaling", "layer_id", "k_scale", "v_scale",
         "sliding_window_size", "logit_cap", "logit_capping_method", "xai_temperature_len", "attn_type",
         "is_cross_attention",
     ),
-    ("sglang.srt.model_executor.forward_batch_info", "ForwardBatch"): (
-        "forward_mode", "out_cache_loc", "out_cache_loc_is_physical", "seq_lens_cpu", "_attn_output",
-    ),
+    _FB: ("forward_mode", "out_cache_loc", "seq_lens_cpu", "_attn_output"),
     ("sglang.srt.model_executor.forward_batch_info", "ForwardMode"): ("is_target_verify", "name"),
     ("sglang.srt.mem_cache.memory_pool", "MLATokenToKVPool"): ("dtype", "store_dtype", "get_key_buffer"),
-    ("sglang.srt.mem_cache.memory_pool", "KVWriteLoc"): ("for_batch",),
 }
+
+#: Names one end of :data:`SUPPORTED` lacks, with the value that means "that path does not exist
+#: in this release". 0.5.17 has no diffusion-LM attention, no shared-KV verify kernel and no
+#: dense fp8 chunked prefill; 0.5.23 has no ``_translate_kv_loc`` and no
+#: ``out_cache_loc_full_physical`` (0.5.17's unified-pool id translation and write location),
+#: since its ``KVWriteLoc.for_batch`` carries that instead.
+OPTIONAL: dict[tuple[str, str], dict[str, Any]] = {
+    _TB: {"dllm_attention": None, "use_verify_shared_kv": False, "use_dense_fp8_chunked_prefill": False,
+          "_translate_kv_loc": None},
+    _MD: {"out_cache_loc_full_physical": None},
+}
+
+#: Where one of several spellings must exist, each (names it has, names it must not have): the KV
+#: write location SGLang's ``forward_extend`` builds is ``KVWriteLoc.for_batch(...)`` in 0.5.23,
+#: whose location carries the batch's ``physical`` mark, and the plain ``KVWriteLoc(loc, swa_loc,
+#: full_loc=...)`` in 0.5.17, which has no such mark (``save_kv`` builds it as the release does; a
+#: release with the mark but without ``for_batch`` fits neither and is not hooked).
+ONE_OF: dict[tuple[str, str], tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {
+    _KW: ((("for_batch",), ()), (("loc", "swa_loc", "full_loc"), ("physical",))),
+}
+
+_OPTIONAL_BY_NAME = {name: absent for names in OPTIONAL.values() for name, absent in names.items()}
+
+
+def optional(obj: Any, name: str) -> Any:
+    """``obj.name``, or the value of :data:`OPTIONAL` that means its path is absent in this
+    release. Only for names in OPTIONAL: the drift check has confirmed that the release is
+    in :data:`SUPPORTED` (where absence has that meaning) or has the name."""
+    return getattr(obj, name, _OPTIONAL_BY_NAME[name])
+
+
+def in_supported_range(version: str | None) -> bool:
+    """Is ``version`` (SGLang's ``__version__``) within :data:`SUPPORTED`, ends included?"""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version or "")
+    except InvalidVersion:
+        return False
+    return Version(SUPPORTED[0]) <= v <= Version(SUPPORTED[1])
 
 
 @dataclass(frozen=True)
@@ -219,14 +263,26 @@ def causal_decoder(c: VerifyCall) -> Verdict:
 def plain_backend_mode(c: VerifyCall) -> Verdict:
     """No other special path of SGLang's Triton backend is active."""
     b = c.backend
-    if b.dllm_attention is not None:
+    if optional(b, "dllm_attention") is not None:
         return _no("diffusion-LM attention path not supported")
     if b.enable_deterministic:
         return _no("deterministic inference (SGLang's unified kernel) keeps SGLang's path")
-    if b.use_verify_shared_kv or b.use_verify_splitkv:
+    if optional(b, "use_verify_shared_kv") or b.use_verify_splitkv:
         return _no("SGLang's own split-KV verify kernel is active")
-    if b.use_dense_fp8_chunked_prefill:
+    if optional(b, "use_dense_fp8_chunked_prefill"):
         return _no("dense fp8 chunked prefill path not supported")
+    return OK
+
+
+def physical_slot_ids(c: VerifyCall) -> Verdict:
+    """The slot ids the kernel reads are the pool's rows: no unified (virtual-id) pool, whose ids
+    SGLang 0.5.17 translates before use (``_translate_kv_loc``, ``out_cache_loc_full_physical``).
+    0.5.23 marks such ids on the write location it builds (``KVWriteLoc.for_batch``), which
+    ``save_kv`` uses as it is; an MLA model's pool there holds physical ids."""
+    if optional(c.backend, "_translate_kv_loc") is not None:
+        return _no("unified (virtual slot id) KV pool not supported")
+    if c.metadata is not None and optional(c.metadata, "out_cache_loc_full_physical") is not None:
+        return _no("unified (virtual slot id) KV pool not supported")
     return OK
 
 
@@ -279,6 +335,7 @@ COVERAGE: tuple[Callable[[VerifyCall], Verdict], ...] = (
     no_dcp,
     causal_decoder,
     plain_backend_mode,
+    physical_slot_ids,
     kv_inputs,
     has_verify_metadata,
     batch_limits,

@@ -14,7 +14,7 @@ missing nothing is hooked and the error names it.
 
 The hook (:func:`verify_hook`) takes a call only when every predicate of
 :mod:`kdtree_engine.sglang.fallback` accepts it; it then saves the draft KV to
-the pool with SGLang's own code (``KVWriteLoc.for_batch`` +
+the pool with SGLang's own code (the release's ``KVWriteLoc`` +
 ``TritonAttnBackend._set_kv_buffer``, as the original does) and runs
 :func:`kdtree_engine.kernel.op.verify_attention` on SGLang's own metadata,
 writing into the output tensor SGLang would return (``[tokens, heads * 512]``).
@@ -34,6 +34,8 @@ in :func:`status`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -56,11 +58,11 @@ TARGET_MODULE = "sglang.srt.layers.attention.triton_backend"
 TARGET_CLASS = "TritonAttnBackend"
 TARGET_METHOD = "forward_extend"
 TARGET = f"{TARGET_MODULE}.{TARGET_CLASS}.{TARGET_METHOD}"
-#: The SGLang release the hook was written against.
-SGLANG_VERSION = "0.5.23"
+#: The SGLang releases the hook is written for (both ends checked: ``nox -s drift``).
+SUPPORTED = fallback.SUPPORTED
 
 _E = inspect.Parameter.empty
-#: forward_extend's parameters as of SGLang 0.5.23: (name, default).
+#: forward_extend's parameters in every supported release (0.5.17 and 0.5.23 alike): (name, default).
 EXPECTED_PARAMS: tuple[tuple[str, Any], ...] = (
     ("self", _E),
     ("q", _E),
@@ -120,7 +122,7 @@ def check_signature(func: Callable[..., Any]) -> tuple[bool, str]:
     if got != want:
         return False, (
             f"{TARGET_CLASS}.{TARGET_METHOD} has parameters {_describe(got)} but the kdtree hook "
-            f"was written for {_describe(want)} (SGLang {SGLANG_VERSION}); not hooking"
+            f"was written for {_describe(want)} (SGLang {SUPPORTED[0]} to {SUPPORTED[1]}); not hooking"
         )
     return True, ""
 
@@ -319,16 +321,13 @@ def load() -> None:
 
 
 def _warn_version() -> None:
-    try:
-        import sglang
+    from kdtree_engine.sglang import drift
 
-        found = getattr(sglang, "__version__", None)
-    except Exception:  # noqa: BLE001
-        found = None
-    if found != SGLANG_VERSION:
+    found = drift.sglang_version()
+    if not fallback.in_supported_range(found):
         logger.warning(
-            "kdtree verify: written for SGLang %s, found %s; the hooked signature matches, hooking anyway",
-            SGLANG_VERSION, found,
+            "kdtree verify: written for SGLang %s to %s, found %s; it has every name the hooked path reads "
+            "and the hooked signature matches, hooking anyway", SUPPORTED[0], SUPPORTED[1], found,
         )
 
 
@@ -446,11 +445,29 @@ def save_kv(call: VerifyCall) -> bool:
     (the predicates guarantee no KV scales and no DCP). Returns whether it wrote."""
     if call.k is None or not call.save_kv_cache:
         return False
+    call.backend._set_kv_buffer(call.forward_batch, call.layer, write_loc(call), call.k, call.v)
+    return True
+
+
+@functools.cache
+def _marked_write_loc(cls: type) -> bool:
+    """Does this release's KVWriteLoc carry a ``physical`` mark (0.5.23), so that only its
+    ``for_batch`` builds a location its pools accept?"""
+    return "physical" in {f.name for f in dataclasses.fields(cls)}
+
+
+def write_loc(call: VerifyCall) -> Any:
+    """The KV write location exactly as the release's own ``forward_extend`` builds it:
+    ``KVWriteLoc.for_batch`` in 0.5.23, the plain ``KVWriteLoc(loc, swa_loc, full_loc=...)`` in
+    0.5.17 (the drift check has confirmed one of the two). A 0.5.23-style class without
+    ``for_batch`` raises here, and the call goes to SGLang's path."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    loc_info = KVWriteLoc.for_batch(call.forward_batch, swa_loc=call.metadata.swa_out_cache_loc)
-    call.backend._set_kv_buffer(call.forward_batch, call.layer, loc_info, call.k, call.v)
-    return True
+    md = call.metadata
+    if _marked_write_loc(KVWriteLoc):
+        return KVWriteLoc.for_batch(call.forward_batch, swa_loc=md.swa_out_cache_loc)
+    return KVWriteLoc(call.forward_batch.out_cache_loc, md.swa_out_cache_loc,
+                      full_loc=fallback.optional(md, "out_cache_loc_full_physical"))
 
 
 def _launch(a: dict[str, Any]) -> None:
