@@ -184,6 +184,64 @@ class SmokeClient:
                             f"events ({detail})") from None
 
 
+    def stream_generate(self, payload: dict[str, Any], *, read_timeout: float, total_timeout: float | None = None,
+                        stop_after: int | None = None) -> GenerateStream:
+        """POST ``/generate`` (SGLang's native API) with ``stream: true``; every event's arrival
+        time is kept. ``stop_after`` closes the connection after that many events (a client
+        that goes away mid-stream). Errors as :meth:`stream_completion`'s."""
+        name = "POST /generate (stream)"
+        total_timeout = self.timeout if total_timeout is None else total_timeout
+        t0 = time.monotonic()
+        out = GenerateStream([], [], False, 0.0)
+        try:
+            with self._client(read_timeout) as c, c.stream("POST", "/generate",
+                                                           json={**payload, "stream": True}) as resp:
+                if not resp.is_success:
+                    raise _status_error(name, resp, resp.read().decode("utf-8", errors="replace"))
+                for data in _sse_data(resp.iter_lines()):
+                    now = time.monotonic() - t0
+                    if now > total_timeout:
+                        raise HttpError(name, "timeout mid-stream", f"the stream took longer than "
+                                        f"{total_timeout:g}s in total (after {len(out.events)} events)")
+                    if data.strip() == "[DONE]":
+                        out.done = True
+                        break
+                    try:
+                        event = json.loads(data)
+                    except json.JSONDecodeError:
+                        raise HttpError(name, "non-JSON", f"non-JSON event after {len(out.events)} events: "
+                                        f"{clip(data)!r}", body=data) from None
+                    if isinstance(event, dict) and "error" in event:
+                        raise HttpError(name, "stream error", f"the server sent an error event after "
+                                        f"{len(out.events)} events: {clip(json.dumps(event))}", body=data)
+                    out.events.append(event)
+                    out.times.append(now)
+                    if stop_after is not None and len(out.events) >= stop_after:
+                        break  # leaving the with-block closes the connection
+        except httpx.HTTPError as e:
+            if isinstance(e, httpx.TimeoutException):
+                raise HttpError(name, "timeout mid-stream", f"timed out mid-stream: no data for "
+                                f"{read_timeout:g}s after {len(out.events)} events") from None
+            kind, detail = describe_exception(e, read_timeout)
+            raise HttpError(name, kind, f"{detail} after {len(out.events)} events") from None
+        if not out.done and stop_after is None:
+            raise HttpError(name, "dropped", f"the stream ended after {len(out.events)} events without "
+                            "'data: [DONE]' (connection closed mid-stream)")
+        out.latency_s = time.monotonic() - t0
+        return out
+
+
+@dataclass
+class GenerateStream:
+    """What a streamed ``/generate`` delivered: each event and when it arrived (seconds from
+    the request), whether ``[DONE]`` came, and the total time."""
+
+    events: list[dict[str, Any]]
+    times: list[float]
+    done: bool
+    latency_s: float
+
+
 def _sse_data(lines: Iterator[str]) -> Iterator[str]:
     """The ``data:`` payload of each server-sent event (multi-line data joined)."""
     buf: list[str] = []

@@ -1,366 +1,180 @@
-"""The ``smoke`` gate: prove a live SGLang server serves with the verify kernel.
+"""The ``smoke`` gate: SGLang serving real HTTP traffic through the plugin, proven end to end.
 
-``python -m kdtree_pipeline smoke --url http://host:30000`` tests a running server;
-``--launch "<command>"`` starts one (``KDTREE_VERIFY`` from ``--kdtree``, output to
-a log file, the whole process group stopped at the end, Ctrl-C included), waits
-until ``/health`` and ``/v1/models`` answer, then runs the checks (short prompt,
-long-context pass key, streaming, concurrent requests, speculative metrics) and,
-with ``--record-baseline`` / ``--compare-baseline``, the output fingerprint.
-Writes one evidence record (``smoke.json``; ``smoke-baseline.json`` when recording
-a baseline) and exits 0 on pass, 1 on any failed check, 2 on bad usage.
+    python -m kdtree_pipeline smoke [--launches typo,off-eager,...] [--out DIR] [--budget-s S]
+
+On a GPU host with the live bundle (``tools/live_site.py`` makes ``.live/live.tar.xz``), the
+gate writes the model (:mod:`.model`: one TP8 rank of Kimi K2.6 per layer, generated weights),
+then starts SGLang once per launch (:data:`.live.LAUNCHES`): ``KDTREE_VERIFY=typo`` must stop the
+launch with the plugin's message; kernel off and on, eager and with CUDA graphs, serve greedy
+outputs that :mod:`.compare` holds to a bf16 tolerance, the speculative figures, a streamed
+request, eight concurrent ones, decode speed at 23k-91k tokens for one and eight requests, and
+(kernel on, eager) a prompt over the context length and a client that drops its stream; with
+the library missing the server serves on SGLang's path and logs the plugin's ``off`` line.
+After every stop no process and no GPU memory of the server is left.
+
+A run cut short resumes: each launch's result is kept in ``--out`` and the same command goes on
+with the launches not done on this code (exit 3 until all are). Then one evidence record
+(``smoke.json``) with the live table; exit 0 on pass, 1 on a failed check, 2 on bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
+import shutil
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from .. import evidence
-from . import checks as C
-from .client import HttpError, Readiness, SmokeClient, wait_ready
-from .fingerprint import FingerprintError, compare, load_baseline, make_fingerprint, save_baseline
-from .launcher import LaunchError, ServerProcess, parse_command
+from . import live
+from . import model as M
+from .compare import compare
 
 GATE = "smoke"
-DEFAULT_PORT = 30000
-SERVER_INFO_KEYS = (
-    "version", "model_path", "device", "tp_size", "dp_size", "dtype", "kv_cache_dtype",
-    "attention_backend", "speculative_algorithm", "speculative_eagle_topk",
-    "speculative_num_steps", "speculative_num_draft_tokens", "kdtree_verify",
-)
+INCOMPLETE = 3
+#: decode tokens/s of kernel on over off that the live run must reach, eager, at 23k tokens
+TARGET_SPEEDUP_23K = 2.0
 
 
 class UsageError(ValueError):
     """Bad command-line input: exit 2, nothing written."""
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived; raised so that ``finally`` blocks stop the server."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m kdtree_pipeline smoke",
-        description="Live-service smoke gate against an OpenAI-compatible SGLang server.",
-    )
-    where = p.add_argument_group("server")
-    where.add_argument("--url", help="base URL of the server, e.g. http://127.0.0.1:30000 "
-                       "(with --launch: default from its --host/--port, else port 30000)")
-    where.add_argument("--launch", metavar="COMMAND",
-                       help='command that starts the server, e.g. "python -m sglang.launch_server '
-                       '--model-path ... --port 30000"; run in its own process group')
-    where.add_argument("--kdtree", choices=("on", "off"), default=None,
-                       help="KDTREE_VERIFY for --launch (with --url: what the server runs); "
-                       "default off with --record-baseline, else on")
-    where.add_argument("--log", type=Path, default=None,
-                       help="server log file for --launch (default build/smoke/server-kdtree-<on|off>.log)")
-    where.add_argument("--log-lines", type=int, default=30, help="log lines shown on failure")
-    where.add_argument("--stop-grace", type=float, default=30.0,
-                       help="seconds between SIGTERM and SIGKILL when stopping the server")
-    t = p.add_argument_group("timing")
-    t.add_argument("--ready-timeout", type=float, default=None,
-                   help="overall readiness deadline in seconds (default 60 with --url, 1800 with --launch)")
-    t.add_argument("--poll", type=float, default=1.0, help="readiness poll interval, seconds")
-    t.add_argument("--health-timeout", type=float, default=30.0,
-                   help="per-request timeout while polling readiness, seconds")
-    t.add_argument("--timeout", type=float, default=300.0, help="per-request timeout for checks")
-    t.add_argument("--stream-timeout", type=float, default=60.0,
-                   help="longest silence allowed inside a streamed answer, seconds")
-    c = p.add_argument_group("checks")
-    c.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
-    c.add_argument("--prompt", default="The capital of France is")
-    c.add_argument("--expect", default=" Paris", help="expected start of the short continuation")
-    c.add_argument("--max-tokens", type=int, default=8)
-    c.add_argument("--long-tokens", type=int, default=23000,
-                   help="long-context prompt length target in tokens (approximated by words; the "
-                   "server's usage.prompt_tokens must reach it)")
-    c.add_argument("--passkey-seed", type=int, default=0)
-    c.add_argument("--concurrency", type=int, default=4)
-    c.add_argument("--spec-max-tokens", type=int, default=32)
-    c.add_argument("--allow-no-spec", action="store_true",
-                   help="pass even if /generate reports no speculative metrics")
-    f = p.add_argument_group("fingerprint")
-    fx = f.add_mutually_exclusive_group()
-    fx.add_argument("--record-baseline", type=Path, metavar="FILE",
-                    help="write the outputs as the KDTREE_VERIFY=off baseline")
-    fx.add_argument("--compare-baseline", type=Path, metavar="FILE",
-                    help="compare the outputs (KDTREE_VERIFY=on) with a baseline")
-    p.add_argument("--evidence-dir", type=Path, default=None,
-                   help="where to write the evidence record (default $KDTREE_EVIDENCE_DIR or build/evidence)")
+    p = argparse.ArgumentParser(prog="python -m kdtree_pipeline smoke", description=__doc__.splitlines()[0])
+    p.add_argument("--launches", default=",".join(live.DEFAULT_LAUNCHES),
+                   help=f"comma list of launches, in order (default: all of {', '.join(live.DEFAULT_LAUNCHES)}; "
+                   f"also: {', '.join(n for n in live.LAUNCHES if n not in live.DEFAULT_LAUNCHES)})")
+    p.add_argument("--out", type=Path, default=None, help="the run's folder (default build/smoke)")
+    p.add_argument("--site", type=Path, default=None,
+                   help="the live bundle, .live/live.tar.xz (tools/live_site.py), unpacked into --out")
+    p.add_argument("--layers", type=int, default=4, help="main layers of the generated model (>= 2)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no launch when less than the slowest one so far is left of this many seconds")
+    p.add_argument("--port", type=int, default=30117)
+    p.add_argument("--ready-timeout", type=float, default=1500.0, help="seconds a server may take to answer")
     return p
 
 
-def url_from_launch(argv: list[str]) -> str:
-    """``http://host:port`` from SGLang-style ``--host``/``--port`` in the launch command."""
-    host, port = "127.0.0.1", str(DEFAULT_PORT)
-    for i, a in enumerate(argv):
-        for flag in ("--host", "--port"):
-            val = None
-            if a == flag and i + 1 < len(argv):
-                val = argv[i + 1]
-            elif a.startswith(flag + "="):
-                val = a.split("=", 1)[1]
-            if val is not None:
-                if flag == "--host":
-                    host = "127.0.0.1" if val in ("0.0.0.0", "::", "") else val
-                else:
-                    port = val
-    return f"http://{host}:{port}"
+def validate(args: argparse.Namespace) -> list[str]:
+    names = [n.strip() for n in args.launches.split(",") if n.strip()]
+    bad = [n for n in names if n not in live.LAUNCHES]
+    if bad or not names:
+        raise UsageError(f"--launches: expected names from {', '.join(live.LAUNCHES)}, got {args.launches!r}")
+    if args.layers < 2:
+        raise UsageError(f"--layers: expected at least 2 main layers, got {args.layers}")
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise UsageError(f"--budget-s: expected a positive number of seconds, got {args.budget_s}")
+    return names
 
 
-def validate(args: argparse.Namespace) -> dict[str, Any]:
-    """Check the arguments; return what the run needs. Raises :class:`UsageError`."""
-    positive = {"--poll": args.poll, "--health-timeout": args.health_timeout,
-                "--timeout": args.timeout, "--stream-timeout": args.stream_timeout,
-                "--max-tokens": args.max_tokens, "--long-tokens": args.long_tokens,
-                "--concurrency": args.concurrency, "--spec-max-tokens": args.spec_max_tokens,
-                "--log-lines": args.log_lines}
-    if args.ready_timeout is not None:
-        positive["--ready-timeout"] = args.ready_timeout
-    for name, val in positive.items():
-        if not val > 0:
-            raise UsageError(f"{name}: expected a positive number, got {val}")
-    if args.stop_grace < 0:
-        raise UsageError(f"--stop-grace: expected seconds >= 0, got {args.stop_grace}")
-    kdtree = args.kdtree or ("off" if args.record_baseline else "on")
-    if args.record_baseline and kdtree != "off":
-        raise UsageError("--record-baseline: the baseline is the KDTREE_VERIFY=off run; "
-                         "got --kdtree on (drop it or pass --kdtree off)")
-    if args.compare_baseline and kdtree != "on":
-        raise UsageError("--compare-baseline: compares a KDTREE_VERIFY=on run with the off "
-                         "baseline; got --kdtree off")
-    baseline = None
-    if args.compare_baseline:
-        try:
-            baseline = load_baseline(args.compare_baseline)
-        except FingerprintError as e:
-            raise UsageError(str(e)) from None
-    if args.record_baseline and not args.record_baseline.parent.is_dir():
-        raise UsageError(f"--record-baseline: folder {str(args.record_baseline.parent)!r} "
-                         "does not exist")
-    argv = parse_command(args.launch) if args.launch is not None else None
-    url = args.url or (url_from_launch(argv) if argv else None)
-    client = None
-    if url:
-        try:
-            client = SmokeClient(url, timeout=args.timeout)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    return {"kdtree": kdtree, "baseline": baseline, "argv": argv, "url": url, "client": client}
-
-
-def _listening(client: SmokeClient) -> bool:
+def why_cannot_run(site: Path) -> str | None:
+    """The one sentence saying why this machine cannot run the gate, or None."""
+    if shutil.which("nvidia-smi") is None:
+        return "the smoke gate starts SGLang on a GPU and this machine has no nvidia-smi (no NVIDIA GPU)"
     try:
-        with socket.create_connection((client.host, client.port), timeout=1.0):
-            return True
-    except OSError:
-        return False
+        import torch
+
+        if not torch.cuda.is_available():
+            return "the smoke gate starts SGLang on a GPU and torch sees no CUDA device here"
+    except ImportError:
+        return "the smoke gate writes its model with torch, which is not importable here"
+    if not site.is_file():
+        return (f"no live bundle at {site}: make it with `python3 tools/live_site.py` (SGLang 0.5.17, its kernels "
+                "and pins for the GPU host) and carry it")
+    return None
 
 
-def _server_info(client: SmokeClient, timeout: float) -> tuple[dict[str, Any] | None, str | None]:
-    """A few fields of ``/server_info`` (``/get_server_info`` on older servers)."""
-    errors = []
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            info = client.get_json(path, timeout=timeout)
-        except HttpError as e:
-            errors.append(str(e))
+# -- evaluation ----------------------------------------------------------------------------------
+
+
+def speed_table(results: dict[str, live.LaunchResult]) -> list[dict[str, Any]]:
+    rows = []
+    for mode in ("eager", "graphs"):
+        off, on = results.get(f"off-{mode}"), results.get(f"on-{mode}")
+        if not (off and on):
             continue
-        if isinstance(info, dict):
-            picked = {k: info[k] for k in SERVER_INFO_KEYS if k in info}
-            return {"source": f"server {path}", **picked}, None
-        errors.append(f"GET {path}: expected a JSON object")
-    return None, "; ".join(errors)
+        so, sn = off.checks.get("speed") or {}, on.checks.get("speed") or {}
+        for key in so:
+            a, b = so[key], sn.get(key) or {}
+            if not (a.get("tokens_per_s") and b.get("tokens_per_s")):
+                continue
+            row = {"mode": mode, "length": a["length"], "bs": a["bs"],
+                   "off_tok_s": a["tokens_per_s"], "on_tok_s": b["tokens_per_s"],
+                   "speedup": round(b["tokens_per_s"] / a["tokens_per_s"], 2),
+                   "off_step_ms": a.get("step_ms"), "on_step_ms": b.get("step_ms"),
+                   "accept_off": a.get("accept_length"), "accept_on": b.get("accept_length")}
+            if a.get("step_ms") and b.get("step_ms"):
+                # the time the kernel took out of the verify step: attention's share of the step with
+                # SGLang's kernel is at least that much (the rest of the step is the same code)
+                row["attention_share_off_min"] = round(max(0.0, 1 - b["step_ms"] / a["step_ms"]), 3)
+            rows.append(row)
+    return rows
 
 
-class Run:
-    """Collects what one gate run found, for the evidence record and the summary."""
-
-    def __init__(self, args: argparse.Namespace, cfg: dict[str, Any]) -> None:
-        self.args, self.cfg = args, cfg
-        self.ready: Readiness | None = None
-        self.results: list[C.CheckResult] = []
-        self.fingerprint: dict[str, Any] | None = None
-        self.reasons: list[str] = []
-        self.device: dict[str, Any] | None = None
-        self.details: dict[str, Any] = {}
-        self.lines: list[str] = []
-        self.clock = "from process start" if cfg["argv"] else "from gate start (--url)"
-
-    def fail(self, reason: str) -> None:
-        self.reasons.append(reason)
-
-
-def _check_all(run: Run, client: SmokeClient, model: str) -> None:
-    a = run.args
-    results = [
-        C.check_short(client, model, a.prompt, a.expect, a.max_tokens),
-        C.check_long(client, model, a.long_tokens, a.passkey_seed),
-        C.check_stream(client, model, a.prompt, a.expect, a.max_tokens, a.stream_timeout),
-        C.check_concurrent(client, model, a.prompt, a.expect, a.max_tokens, a.concurrency),
-        C.check_spec(client, a.prompt, a.spec_max_tokens, require=not a.allow_no_spec),
-    ]
-    run.results = results
-    for r in results:
-        if not r.passed:
-            run.fail(f"check {r.name} failed: {r.detail.splitlines()[0]}")
-
-
-def _fingerprint(run: Run, model: str) -> None:
-    a = run.args
-    by = {r.name: r for r in run.results}
-    short, long_ = by["short"], by["long"]
-    long_prompt = C.passkey_prompt(a.long_tokens, a.passkey_seed)
-    prompts = {"short_prompt": a.prompt, "max_tokens": a.max_tokens,
-               "long_tokens": a.long_tokens, "passkey_seed": a.passkey_seed,
-               "long_prompt_sha256": C.sha256(long_prompt.text)}
-    if "text" not in short.data or "text" not in long_.data:
-        run.fingerprint = {"mode": "record" if a.record_baseline else "compare", "passed": False}
-        run.fail("fingerprint not taken: the short or long-context request failed")
-        return
-    fp = make_fingerprint(kdtree_verify=run.cfg["kdtree"], model=model, prompts=prompts,
-                          short_text=short.data["text"], long_answer=long_.data["answer"],
-                          long_text=long_.data["text"])
-    if a.record_baseline:
-        if short.passed and long_.passed:
-            save_baseline(a.record_baseline, fp)
-            run.fingerprint = {"mode": "record", "passed": True, "file": str(a.record_baseline)}
-            run.lines.append(f"baseline written to {a.record_baseline}")
-        else:
-            run.fingerprint = {"mode": "record", "passed": False, "file": str(a.record_baseline)}
-            run.fail(f"baseline not written to {a.record_baseline}: the short or long-context "
-                     "check failed")
-        return
-    res = compare(run.cfg["baseline"], fp)
-    run.fingerprint = {"mode": "compare", "passed": res["passed"],
-                       "file": str(a.compare_baseline), "short_match": res["short_match"],
-                       "long_answer_match": res["long_answer_match"]}
-    run.details["fingerprint"] = res
-    run.lines += ["fingerprint vs baseline (KDTREE_VERIFY=off):", *res["side_by_side"], res["note"]]
-    if not res["passed"]:
-        run.fail("fingerprint differs from the baseline: " + "; ".join(res["problems"]))
-
-
-def _serve_and_check(run: Run) -> None:
-    """Start (if asked), wait for readiness, run the checks, stop (always)."""
-    a, cfg = run.args, run.cfg
-    client: SmokeClient = cfg["client"]
-    server: ServerProcess | None = None
-    deadline = a.ready_timeout or (1800.0 if cfg["argv"] else 60.0)
-    try:
-        if cfg["argv"]:
-            if _listening(client):
-                run.fail(f"--launch: something already listens at {client.base_url}; stop it or "
-                         "give the server another --port, so the smoke test reaches the server it starts")
-                return
-            log = a.log or evidence.repo_root() / "build" / "smoke" / f"server-kdtree-{cfg['kdtree']}.log"
-            server = ServerProcess(cfg["argv"], log, kdtree_verify=cfg["kdtree"],
-                                   grace_s=a.stop_grace).start()
-            run.details["launch"] = {"argv": cfg["argv"], "log": str(log), "pid": server.pid,
-                                     "KDTREE_VERIFY": cfg["kdtree"]}
-            run.lines.append(f"launched pid {server.pid} with KDTREE_VERIFY={cfg['kdtree']}; "
-                             f"log: {log}")
-        ready = wait_ready(client, deadline_s=deadline, poll_s=a.poll,
-                           request_timeout_s=a.health_timeout,
-                           started_at=server.started_at if server else None,
-                           alive=server.exit_reason if server else None,
-                           progress=lambda line: print(f"smoke: {line}", file=sys.stderr, flush=True))
-        run.ready = ready
-        if not ready.ready:
-            seen = "; ".join(ready.error_lines()) or "none"
-            if server and server.exit_reason():
-                run.fail(f"{server.exit_reason()} during startup after {ready.waited_s:.1f}s, "
-                         f"before {client.base_url} was ready (errors seen: {seen})")
-            else:
-                run.fail(f"no server was ready at {client.base_url} within {deadline:g}s "
-                         f"(errors seen while waiting: {seen})")
-            return
-        model = a.model or ready.models[0]
-        run.device, info_err = _server_info(client, a.health_timeout)
-        if info_err and run.device is None:
-            run.details["server_info_error"] = info_err
-        if server is not None and run.device is not None:
-            run.device["gpu"] = evidence.device_info()  # launched here: this host's GPU
-        _check_all(run, client, model)
-        if a.record_baseline or a.compare_baseline:
-            _fingerprint(run, model)
-        if server and server.exit_reason():
-            run.fail(f"{server.exit_reason()} during the run")
-    finally:
-        if server is not None:
-            how = server.stop()
-            run.details.setdefault("launch", {})["stopped_with"] = how
-            run.lines.append(f"server process group stopped ({how})")
-            if run.reasons:
-                tail = server.tail(a.log_lines)
-                run.details["launch"]["log_tail"] = tail
-                run.lines.append(f"last {a.log_lines} lines of {server.log_path}:")
-                run.lines += ["  | " + ln for ln in (tail.splitlines() or ["(empty log)"])]
-
-
-def _metrics(run: Run) -> dict[str, Any]:
-    r = run.ready
-    spec = next((x for x in run.results if x.name == "spec"), None)
-    return {
-        "server_reached": bool(r and r.ready),
-        "time_to_ready_s": round(r.waited_s) if r and r.ready else None,
-        "ready_clock": run.clock,
-        "kdtree_verify": run.cfg["kdtree"],
-        "kdtree_verify_source": "set by --launch" if run.cfg["argv"] else "declared (--url)",
-        "checks": {x.name: x.metrics() for x in run.results},
-        "spec": ({k: v for k, v in spec.data.items() if k != "error"} if spec else None),
-        "fingerprint": run.fingerprint,
-    }
-
-
-def _headline(run: Run, passed: bool) -> str:
-    if not passed:
-        return "FAIL: " + run.reasons[0]
-    m = {x.name: x for x in run.results}
-    parts = [f"ready in {round(run.ready.waited_s)}s" if run.ready else "not ready"]
-    for n in ("short", "long", "stream"):
-        if n not in m:
+def speed_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Kernel on >= TARGET_SPEEDUP_23K x off in decode tokens/s at 23k eager, and more at 64k-91k."""
+    problems = []
+    eager = [r for r in rows if r["mode"] == "eager"]
+    for bs in sorted({r["bs"] for r in eager}):
+        at = {r["length"]: r["speedup"] for r in eager if r["bs"] == bs}
+        base = at.get(min(at, default=0))
+        if base is None:
             continue
-        label = n
-        if n == "long":
-            toks = m[n].data.get("server_prompt_tokens") or f"~{m[n].data.get('approx_tokens')}"
-            label = f"long ({toks} tok)"
-        parts.append(f"{label} {m[n].latency_s:.2f}s")
-    if "concurrent" in m:
-        parts.append(f"{m['concurrent'].data['n']} concurrent ok")
-    spec = m.get("spec")
-    if spec and spec.data.get("reported"):
-        acc = spec.data.get("spec_accept_length")
-        parts.append(f"spec verify_ct {spec.data.get('spec_verify_ct')}" +
-                     (f", accept {acc:.2f}" if isinstance(acc, (int, float)) else ""))
-    if run.fingerprint:
-        parts.append("baseline recorded" if run.fingerprint["mode"] == "record"
-                     else "fingerprint = baseline")
-    return f"KDTREE_VERIFY={run.cfg['kdtree']}: " + "; ".join(parts)
+        if base < TARGET_SPEEDUP_23K:
+            problems.append(f"decode at {min(at)} tokens, bs {bs}, eager: kernel on {base}x off, target >= "
+                            f"{TARGET_SPEEDUP_23K}x")
+        for n, s in at.items():
+            if n > min(at) and s < base:
+                problems.append(f"decode at {n} tokens, bs {bs}, eager: {s}x, less than the {base}x at {min(at)}")
+    if not eager:
+        problems.append("no eager speed runs of both kernel off and on")
+    return problems
 
 
-def _summary(run: Run, passed: bool, path: Path) -> str:
-    out = [f"smoke: PASS - {_headline(run, passed)}" if passed else "smoke: FAIL"]
-    if run.ready is not None:
-        r = run.ready
-        state = f"ready after {r.waited_s:.1f}s" if r.ready else f"NOT ready after {r.waited_s:.1f}s"
-        out.append(f"  readiness: {state} ({r.polls} polls, clock {run.clock})")
-        for line in r.error_lines():
-            out.append(f"    error while waiting: {line}")
-    for x in run.results:
-        lat = f"{x.latency_s:.3f}s" if x.latency_s is not None else "-"
-        out.append(f"  {x.name:<10} {'ok  ' if x.passed else 'FAIL'} {lat:>9}  {x.detail}")
-    out += ["  " + ln for ln in run.lines]
-    for reason in run.reasons:
-        if not reason.startswith("check "):  # check failures are on their own lines above
-            out.append(f"  reason: {reason}")
-    out.append(f"  evidence: {path}")
+def markdown(rows: list[dict[str, Any]], comparisons: dict[str, Any], gpu: str) -> str:
+    out = [f"Live SGLang on {gpu}: decode tokens/s with the verify kernel off (SGLang's Triton path) and on.",
+           "", "| mode | prompt | bs | off tok/s | on tok/s | on/off | verify step off ms | on ms | attention share off >= |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['mode']} | {r['length']} | {r['bs']} | {r['off_tok_s']} | {r['on_tok_s']} | {r['speedup']}x | "
+                   f"{r['off_step_ms']} | {r['on_step_ms']} | {r.get('attention_share_off_min', '-')} |")
+    out += ["", "| outputs | prompts | tokens | same ids before a flip | flips (bf16 ties) | max logprob diff |",
+            "|---|---|---|---|---|---|"]
+    for mode, c in comparisons.items():
+        out.append(f"| {mode} on vs off | {len(c['prompts'])} | {c['tokens']} | {c['matched']} | {c['flips']} | "
+                   f"{c['max_logprob_diff']} |")
     return "\n".join(out)
+
+
+def evaluate(results: dict[str, live.LaunchResult], names: list[str]) -> dict[str, Any]:
+    problems = [f"{n}: {p}" for n in names for p in results[n].problems]
+    comparisons = {}
+    for mode in ("eager", "graphs"):
+        off, on = results.get(f"off-{mode}"), results.get(f"on-{mode}")
+        if off and on and "outputs" in off.checks and "outputs" in on.checks:
+            c = compare(off.checks["outputs"], on.checks["outputs"])
+            comparisons[mode] = c
+            problems += [f"outputs {mode}: {p}" for p in c["problems"]]
+    rows = speed_table(results)
+    if "off-eager" in names and "on-eager" in names:
+        problems += speed_targets(rows)
+    return {"problems": problems, "comparisons": comparisons, "speed": rows}
+
+
+def headline(ev: dict[str, Any], results: dict[str, live.LaunchResult], gpu: str) -> str:
+    parts = [f"{len(results)} launches of SGLang on {gpu}"]
+    for mode, c in ev["comparisons"].items():
+        parts.append(f"{mode} on = off on {len(c['prompts'])} prompts ({c['matched']}/{c['tokens']} tokens before "
+                     f"a bf16 tie, max logprob diff {c['max_logprob_diff']})")
+    for r in ev["speed"]:
+        if r["mode"] == "eager" and r["bs"] == 1:
+            parts.append(f"{r['length'] // 1000}k bs1 eager {r['speedup']}x")
+    on = [r for n, r in results.items() if n.startswith("on-")]
+    calls = sum(r.plugin.get("kernel_calls") or 0 for r in on)
+    falls = sum(r.plugin.get("verify_fallbacks") or 0 for r in on)
+    parts.append(f"{calls} kernel calls logged, {falls} verify fallbacks")
+    return "; ".join(parts)
 
 
 def main(argv: list[str]) -> int:
@@ -370,56 +184,51 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     try:
-        cfg = validate(args)
-    except (UsageError, LaunchError) as e:
+        names = validate(args)
+    except UsageError as e:
         print(f"smoke: {e}", file=sys.stderr)
         return 2
-    run = Run(args, cfg)
-    code = None
-    if cfg["client"] is None:
-        run.fail("no server to test: give --url URL of a running SGLang server or --launch "
-                 '"<command>" to start one, so the smoke gate did not run')
-    else:
-        old = None
-        if threading.current_thread() is threading.main_thread():
-            def _on_term(signum: int, frame: object) -> None:
-                raise _Terminated()
-            old = signal.signal(signal.SIGTERM, _on_term)
-        try:
-            _serve_and_check(run)
-        except LaunchError as e:
-            run.fail(str(e))
-        except KeyboardInterrupt:
-            run.fail("interrupted (Ctrl-C); the server was stopped")
-            code = 130
-        except _Terminated:
-            run.fail("terminated (SIGTERM); the server was stopped")
-            code = 143
-        finally:
-            if old is not None:
-                signal.signal(signal.SIGTERM, old)
-    passed = not run.reasons
+    root = evidence.repo_root()
+    out = args.out or root / "build" / "smoke"
+    site = args.site or root / ".live" / "live.tar.xz"
+    why = why_cannot_run(site)
+    if why:
+        print(f"smoke: FAILED: {why}", file=sys.stderr)
+        evidence.write_record(evidence.make_record(GATE, False, {}, "not run", reason=why))
+        return 1
+    site_dir = live.prepare_site(site, out / "site")
+    spec = M.ModelSpec(layers=args.layers)
+    print(f"smoke: model {M.write(out / 'model', spec)}", flush=True)
+    run = live.Run(out, out / "model", [site_dir], root=root, port=args.port, ready_timeout=args.ready_timeout,
+                   code=evidence.content_hash(root))
+    results = live.run_launches(run, names, budget_s=args.budget_s)
+    if any(n not in results for n in names):
+        left = [n for n in names if n not in results]
+        print(f"smoke: INCOMPLETE: {', '.join(left)} not run yet; run the same command again to go on", file=sys.stderr)
+        return INCOMPLETE
+    ev = evaluate(results, names)
+    info = evidence.device_info() or {}
+    gpu = info.get("name") or "the GPU"
+    passed = not ev["problems"]
+    metrics = {"launches": {n: {"passed": r.passed, "ready_s": r.ready_s, "seconds": r.seconds,
+                                "kernel_calls": r.plugin.get("kernel_calls"),
+                                "verify_fallbacks": r.plugin.get("verify_fallbacks")} for n, r in results.items()},
+               "speed": ev["speed"],
+               "outputs": {m: {k: c[k] for k in ("tokens", "matched", "flips", "max_logprob_diff", "passed")}
+                           for m, c in ev["comparisons"].items()},
+               "model": {"layers": spec.layers, "heads": spec.heads, "bytes": M.nbytes(spec)},
+               "sglang": (results.get("on-eager") or next(iter(results.values()))).checks.get("spec", {}).get("version")}
     record = evidence.make_record(
-        GATE, passed, _metrics(run), _headline(run, passed),
-        reason=None if passed else "; ".join(run.reasons),
-        variant="baseline" if args.record_baseline else None,
-        details={"readiness": _readiness_details(run.ready),
-                 "checks": {x.name: {"detail": x.detail, **x.data} for x in run.results},
-                 "url": cfg["url"], **run.details},
-        device=run.device,
+        GATE, passed, metrics, headline(ev, results, gpu) if passed else "live smoke failed",
+        reason=None if passed else "; ".join(ev["problems"])[:2000],
+        details={"launches": {n: {k: v for k, v in vars(r).items()} for n, r in results.items()},
+                 "comparisons": ev["comparisons"]},
     )
-    path = evidence.write_record(record, args.evidence_dir)
-    print(_summary(run, passed, path))
-    if not passed:
-        print(f"smoke: FAIL: {run.reasons[0]}", file=sys.stderr)
-    return 0 if passed else (code or 1)
-
-
-def _readiness_details(r: Readiness | None) -> dict[str, Any] | None:
-    if r is None:
-        return None
-    return {"ready": r.ready, "waited_s": round(r.waited_s, 3), "polls": r.polls,
-            "errors": r.errors, "models": r.models, "stopped_because": r.stopped_because}
+    record["markdown_table"] = markdown(ev["speed"], ev["comparisons"], gpu)
+    path = evidence.write_record(record)
+    print(record["markdown_table"])
+    print(f"smoke: {'PASS: ' + record['headline'] if passed else 'FAIL: ' + record['reason']}\n  evidence: {path}")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

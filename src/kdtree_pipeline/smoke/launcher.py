@@ -1,6 +1,7 @@
 """Start a server command in its own process group and stop the whole group.
 
-The command runs with ``KDTREE_VERIFY=on|off`` added to the environment, its
+The command runs with ``KDTREE_VERIFY=on|off`` added to the environment (or, with
+``kdtree_verify=None``, whatever ``extra_env`` says, a bad value included), its
 stdout and stderr go to a log file, and :meth:`ServerProcess.stop` sends SIGTERM
 to the process group, then SIGKILL after a grace period, so that the workers a
 server spawns (SGLang's scheduler and detokenizer processes) go too.
@@ -91,12 +92,12 @@ class ServerProcess:
         argv: list[str],
         log_path: Path | str,
         *,
-        kdtree_verify: str,
+        kdtree_verify: str | None,
         extra_env: dict[str, str] | None = None,
         grace_s: float = 30.0,
     ) -> None:
-        if kdtree_verify not in ("on", "off"):
-            raise ValueError(f"kdtree_verify: expected 'on' or 'off', got {kdtree_verify!r}")
+        if kdtree_verify not in ("on", "off", None):
+            raise ValueError(f"kdtree_verify: expected 'on', 'off' or None (as extra_env says), got {kdtree_verify!r}")
         self.argv = argv
         self.log_path = Path(log_path)
         self.kdtree_verify = kdtree_verify
@@ -108,8 +109,9 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.extra_env, "KDTREE_VERIFY": self.kdtree_verify,
-               "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        if self.kdtree_verify is not None:
+            env["KDTREE_VERIFY"] = self.kdtree_verify
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps its own descriptor
         try:
             self.started_at = time.monotonic()
