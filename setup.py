@@ -141,10 +141,18 @@ class BuildPyWithKernel(build_py):
 
 
 class ManylinuxWheel(bdist_wheel):
+    shipping = False  # set by run(); an editable install asks for a tag without running it
+
+    def run(self) -> None:
+        self.shipping = True
+        super().run()
+
     def get_tag(self) -> tuple[str, str, str]:
-        lib = Path(self.get_finalized_command("build_py").build_lib) / LIB_DIR / _kernel_build().LIB_NAME
-        if not lib.is_file():  # an editable wheel ships no library: the default tag fits this interpreter
+        if not self.shipping:  # an editable wheel ships no library: the default tag fits this interpreter
             return super().get_tag()
+        lib = Path(self.get_finalized_command("build_py").build_lib) / LIB_DIR / _kernel_build().LIB_NAME
+        if not lib.is_file():
+            raise WheelBuildError(f"no kernel library at {lib} to tag the wheel by")
         return "py3", "none", manylinux_platform(lib)
 
 
