@@ -23,7 +23,7 @@ unpacks it into build/lib, so AB_LIBS names them build/lib/<v> as before.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import shlex
 import sys
 import tempfile
 import time
@@ -95,12 +95,13 @@ def build(args: argparse.Namespace, root: Path, source: str = "--root") -> int:
     cmd = B.nvcc_command(root, args.out / B.LIB_NAME, archs, args.extra, "nvcc" if args.dry_run else B.find_nvcc())
     print(f"build_variant: csrc {root / 'csrc'} -> {args.out / B.LIB_NAME} ({', '.join(archs)}; extra: "
           f"{' '.join(args.extra) or 'none'})")
-    if args.dry_run:
-        print(" ".join(cmd))
+    if args.dry_run:  # the command names the sources relative to its working directory (B.SOURCE_PREFIX)
+        keep = B.work_dir(args.out / B.LIB_NAME) / "keep"
+        print(f"cd {shlex.quote(str(root))} && mkdir -p {shlex.quote(str(keep))} && {shlex.join(cmd)}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     t = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = B.run_nvcc(cmd, root)
     log = r.stdout + r.stderr
     if r.returncode != 0:
         print(log[-4000:], file=sys.stderr)

@@ -13,6 +13,10 @@ makes a build unfit to ship, since the kernel then runs correct and much slower.
 When ``cuobjdump`` is available (the ``build`` extra: ``nvidia-cuda-cuobjdump``,
 ``nvidia-cuda-nvdisasm``) the stamp also counts each arch's tensor-core and
 async-copy instructions. ``setup.py`` builds the wheel's library with :func:`build`.
+
+The library's bytes depend on the sources, the flags and the toolkit, not on where the
+tree lies or which process built it (:func:`nvcc_command` says how), so two checkouts of one
+tree build the same file and the wheel that ships it is reproducible.
 """
 
 from __future__ import annotations
@@ -44,6 +48,23 @@ from kdtree_engine.kernel.library import (
 DEFAULT_ARCHS = ("sm_90a", "sm_120a")
 BASE_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xptxas=-v,--warn-on-spills", "-shared",
               "-Xcompiler", "-fPIC", "-cudart", "static"]
+#: How the sources are named to nvcc. Three things in the library would otherwise depend on
+#: where the tree lies or when it was checked out (nvcc 13.0, each tried):
+#: ``-lineinfo`` writes each source's absolute path into the device line table and the
+#: fatbinary (a relative name is made absolute by cicc, and ``-Xcompiler -ffile-prefix-map``
+#: reaches only the host compiler; nvcc has no prefix map of its own); ptxas writes each
+#: source's modification time into that line table; and cudafe++ names anonymous namespaces
+#: after a hash of the source's real path (``--orig_src_path_name``, which nvcc resolves
+#: through symlinks and /proc). So :func:`run_nvcc` compiles a copy of csrc/ whose files carry
+#: the time 0 (DWARF's "unknown"), from the copy's parent as working directory, naming every
+#: source as ``/proc/self/cwd/csrc/...``: an absolute name is kept as given, the string is the
+#: same for every tree, and a tool (ncu, cuda-gdb) run from a checkout's root still finds the
+#: files. The namespace hash is seeded with the same string; the namespaces stay apart per
+#: source, since their names also hold the file's name and a hash of its own.
+SOURCE_PREFIX = Path("/proc/self/cwd")
+#: Part of the build's identity beside the flags: a library built by an older recipe (absolute
+#: source paths, file times, nvcc's temporary file names) is rebuilt, not reused from its stamp.
+RECIPE = "csrc copied with time 0, named /proc/self/cwd/csrc, path hash seeded with it, intermediates kept"
 #: SASS instruction families worth counting: tensor-core MMA, async copies, shared-memory matrix loads,
 #: and local-memory traffic (which should be zero).
 SASS_FAMILIES = ("HMMA", "HGMMA", "LDGSTS", "UTMALDG", "LDSM", "LDL", "STL")
@@ -133,9 +154,10 @@ def file_sha256(path: Path) -> str:
 
 
 def _stamp(src_hash: str, flags: list[str], nvcc_v: str) -> str:
-    """The build's identity: csrc/'s hash (:func:`csrc_hash`), the flags and nvcc's version."""
+    """The build's identity: csrc/'s hash (:func:`csrc_hash`), the flags, nvcc's version and
+    the :data:`RECIPE`."""
     h = hashlib.sha256(src_hash.encode())
-    h.update(json.dumps([flags, nvcc_v]).encode())
+    h.update(json.dumps([flags, nvcc_v, RECIPE]).encode())
     return h.hexdigest()
 
 
@@ -244,11 +266,41 @@ def flags_for(archs: list[str]) -> list[str]:
     return BASE_FLAGS + [gencode(a) for a in archs] + [f'-DKDTREE_ARCHS="{",".join(archs)}"']
 
 
+def work_dir(out: Path) -> Path:
+    """The folder :func:`run_nvcc` builds the library ``out`` in, removed afterwards: ``tree``,
+    the copy of csrc/ that nvcc compiles, and ``keep``, nvcc's intermediate files. Without
+    ``--keep`` nvcc writes those to /tmp as ``tmpxft_<pid>_...``, and that name reaches the
+    library's symbol table (the host object's FILE symbol), so two builds would differ."""
+    out = Path(out).absolute()
+    return out.with_name(out.name + ".nvcc")
+
+
 def nvcc_command(root: Path, out: Path, archs: list[str], extra: list[str] = (), nvcc: str = "nvcc") -> list[str]:
     """The gate's nvcc command line: ``root``'s csrc/ into the library ``out``, with ``extra``
-    flags after the gate's (tools/build_variant.py builds its A/B variants with it)."""
-    return [nvcc, *flags_for(archs), *extra, "-I", str(Path(root) / "csrc"), "-o", str(out),
-            *map(str, sources(Path(root)))]
+    flags after the gate's (tools/build_variant.py builds its A/B variants with it). It names
+    the sources through :data:`SOURCE_PREFIX`, so it runs in a folder holding csrc/:
+    :func:`run_nvcc` runs it on a copy of ``root``'s."""
+    csrc = SOURCE_PREFIX / "csrc"
+    return [nvcc, *flags_for(archs), *extra, "-I", str(csrc), "-Xcudafe", f"--orig_src_path_name={csrc}",
+            "--keep", "--keep-dir", str(work_dir(out) / "keep"), "-o", str(Path(out).absolute()),
+            *(str(csrc / p.name) for p in sources(Path(root)))]
+
+
+def run_nvcc(cmd: list[str], root: Path) -> subprocess.CompletedProcess:
+    """Run an :func:`nvcc_command` line on a copy of ``root``'s csrc/ (every file's time set
+    to 0), in its :func:`work_dir`, which is removed afterwards."""
+    keep = Path(cmd[cmd.index("--keep-dir") + 1])
+    work = keep.parent
+    shutil.rmtree(work, ignore_errors=True)
+    tree = work / "tree"
+    try:
+        shutil.copytree(Path(root) / "csrc", tree / "csrc")
+        for p in (tree / "csrc").rglob("*"):
+            os.utime(p, (0, 0))
+        keep.mkdir()
+        return subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bool = False,
@@ -284,11 +336,12 @@ def build(archs: list[str] | None = None, out_dir: Path | None = None, force: bo
             return BuildResult(lib, False, archs, flags, nvcc_v, old.get("kernels", {}), sass, old.get("log", ""))
     tmp = out_dir / (LIB_NAME + ".tmp")
     cmd = nvcc_command(root, tmp, archs, nvcc=nvcc)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = run_nvcc(cmd, root)
     log = r.stdout + r.stderr
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise BuildError(f"nvcc failed (exit {r.returncode}):\n{log.strip()}\ncommand: {' '.join(cmd)}")
+        raise BuildError(f"nvcc failed (exit {r.returncode}):\n{log.strip()}\ncommand (run on a copy of {root / 'csrc'}): "
+                         f"{' '.join(cmd)}")
     os.replace(tmp, lib)
     kernels = parse_ptxas(log)
     sass = sass_counts(lib, archs)
