@@ -196,9 +196,12 @@ def test_the_predicates_read_attributes_the_real_triton_backend_sets():
 
     src = inspect.getsource(TritonAttnBackend)
     for name in ("use_mla", "token_to_kv_pool", "dcp_size", "forward_metadata", "enable_deterministic",
-                 "use_verify_shared_kv", "use_verify_splitkv", "use_dense_fp8_chunked_prefill",
-                 "use_sliding_window_kv_pool", "dllm_attention"):
+                 "use_verify_splitkv", "use_sliding_window_kv_pool"):
         assert f"self.{name} =" in src, name
+    # a switch one end of the supported range lacks is OPTIONAL, read with its "path absent" value
+    for name in ("use_verify_shared_kv", "use_dense_fp8_chunked_prefill", "dllm_attention"):
+        assert f"self.{name} =" in src or name in fallback.OPTIONAL[
+            ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")], name
 
 
 # --- the supported range: 0.5.17's objects lack what 0.5.23 added ---------------------------------
@@ -252,6 +255,8 @@ def test_outside_the_range_the_optional_names_are_required():
     tb = ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")
     assert "use_verify_shared_kv" not in inside[tb] and "use_verify_shared_kv" in outside[tb]
     assert set(outside[tb]) == set(fallback.REQUIRED[tb]) | set(fallback.OPTIONAL[tb])
-    # this (0.5.23) backend lacks 0.5.17's _translate_kv_loc: as an unknown release it is not hooked
-    assert drift.check(outside) == ["sglang.srt.layers.attention.triton_backend.TritonAttnBackend._translate_kv_loc",
-                                    "sglang.srt.layers.attention.triton_backend.ForwardMetadata.out_cache_loc_full_physical"]
+    # each end lacks some optional name (0.5.23 the unified-pool translation, 0.5.17 the later
+    # switches): read as an unknown release, neither would be hooked
+    lacking = [f"{module}.{cls}.{n}" for (module, cls), names in fallback.OPTIONAL.items()
+               for n in names if n not in drift.known_names(getattr(__import__(module, fromlist=[cls]), cls))]
+    assert lacking and drift.check(outside) == lacking

@@ -126,7 +126,10 @@ def test_a_typo_in_the_switch_stops_the_process_through_sglangs_loader(tmp_path)
     import subprocess
     import sys
 
-    code = ("from sglang.srt.plugins import load_plugins\n"
+    code = (f"import sys; sys.path.insert(0, {str(plugin.__file__).rsplit('/kdtree_engine/', 1)[0]!r})\n"
+            "from kdtree_pipeline.testing import standins\n"
+            "standins.install_torchvision_standin()\n"  # 0.5.17's sglang package imports torchvision
+            "from sglang.srt.plugins import load_plugins\n"
             "load_plugins()\n"
             "print('still serving')\n")
     env = {**os.environ, plugin.ENV: "bogus"}
@@ -457,7 +460,7 @@ def test_drift_check_passes_on_this_sglang_and_names_what_is_missing():
 
     assert drift.check() == []
     module = "sglang.srt.mem_cache.memory_pool"
-    assert drift.check({(module, "KVWriteLoc"): ("for_batch", "for_batch_v2")}) == [f"{module}.KVWriteLoc.for_batch_v2"]
+    assert drift.check({(module, "KVWriteLoc"): ("loc", "loc_v2")}) == [f"{module}.KVWriteLoc.loc_v2"]
     got = drift.check({("sglang.srt.layers.attention.triton_backend", "TritonAttnBackendV2"): ("use_mla",)})
     assert len(got) == 1 and "TritonAttnBackendV2" in got[0]
 
@@ -467,6 +470,13 @@ def _rename(monkeypatch, cls, old, new):
     monkeypatch.delattr(cls, old)
 
 
+_HAS_FOR_BATCH = hasattr(__import__("sglang.srt.mem_cache.memory_pool", fromlist=["KVWriteLoc"]).KVWriteLoc,
+                         "for_batch")
+needs_for_batch = pytest.mark.skipif(not _HAS_FOR_BATCH, reason="this SGLang (0.5.17) builds its KV write "
+                                     "location without KVWriteLoc.for_batch; nothing to rename")
+
+
+@needs_for_batch
 def test_a_renamed_sglang_method_means_no_hook_at_registration(clean, fake_library, monkeypatch, caplog):
     """SGLang renames KVWriteLoc.for_batch (save_kv calls it): the plugin does not hook and
     says which one is missing."""
@@ -491,6 +501,7 @@ def test_a_renamed_set_kv_buffer_means_no_hook(clean, fake_library, monkeypatch,
     assert not hooked() and "TritonAttnBackend._set_kv_buffer" in caplog.text
 
 
+@needs_for_batch
 def test_the_same_rename_at_run_time_sends_the_batch_to_sglangs_path_with_save(runtime_on, monkeypatch, caplog):
     """Hooked, then KVWriteLoc.for_batch goes missing: the KV write fails inside the fallback,
     SGLang's own forward_extend gets the call with save_kv_cache=True (it writes the KV), the

@@ -152,17 +152,3 @@ def test_wait_ready_reports_progress_while_waiting():
     assert 2 <= len(lines) <= 6  # about one line per 0.1 s of a 0.5 s wait, not one per poll
     assert lines[0].startswith(f"waiting for {url}: not ready after ")
     assert "polls; last: GET /health: connection refused)" in lines[0]
-
-
-def test_smoke_gate_against_a_refused_port_says_it_is_waiting(tmp_path, capsys, monkeypatch):
-    from kdtree_pipeline.smoke import client, gate
-
-    monkeypatch.setattr(client, "PROGRESS_EVERY_S", 0.3)  # the gate's default is a few seconds
-
-    url = f"http://127.0.0.1:{closed_port()}"
-    code = gate.main(["--url", url, "--ready-timeout", "1.2", "--poll", "0.05",
-                      "--evidence-dir", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert code == 1
-    assert f"smoke: waiting for {url}: not ready after" in err
-    assert "connection refused" in err

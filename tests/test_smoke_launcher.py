@@ -1,4 +1,5 @@
-"""``--launch``: the fake server as a real process group, started and stopped by the gate."""
+"""Servers as real process groups: ServerProcess, and the live run's launches of a stand-in SGLang
+(kdtree_pipeline.testing.fake_server speaking /generate with token ids) on CPU."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_pipeline.evidence import load_record
-from kdtree_pipeline.smoke import gate
+from kdtree_pipeline.smoke import gate, live
 from kdtree_pipeline.smoke.launcher import (
     LaunchError,
     ServerProcess,
@@ -24,8 +24,7 @@ from kdtree_pipeline.smoke.launcher import (
 )
 
 PY = shlex.quote(sys.executable)
-FAST = ["--poll", "0.05", "--ready-timeout", "20", "--health-timeout", "1", "--timeout", "5",
-        "--stream-timeout", "1", "--long-tokens", "400", "--stop-grace", "5"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -34,16 +33,6 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def fake_cmd(port: int, *extra: str) -> str:
-    return " ".join([PY, "-m", "kdtree_pipeline.testing.fake_server", "--port", str(port), *extra])
-
-
-def launch(tmp_path: Path, command: str, *args: str) -> tuple[int, dict]:
-    code = gate.main([*FAST, "--launch", command, "--log", str(tmp_path / "server.log"),
-                      "--evidence-dir", str(tmp_path), *args])
-    return code, load_record(sorted(tmp_path.glob("smoke*.json"))[-1])
 
 
 def pgid_of(pid: int) -> int:
@@ -97,103 +86,105 @@ def test_environment_carries_kdtree_verify(tmp_path):
         ServerProcess(["x"], tmp_path / "log", kdtree_verify="yes")
 
 
-# -- the gate with --launch ----------------------------------------------------------------
-
-def test_launch_passes_and_stops_the_whole_group(tmp_path, capsys):
-    port, pidfile = free_port(), tmp_path / "child.pid"
-    code, rec = launch(tmp_path, fake_cmd(port, "--ready-after", "0.3", "--spawn-child",
-                                          str(pidfile)), "--url", f"http://127.0.0.1:{port}")
-    out = capsys.readouterr().out
-    assert code == 0, out
-    launch_info = rec["details"]["launch"]
-    assert launch_info["stopped_with"] == "SIGTERM"
-    assert group_members(launch_info["pid"]) == []  # the server and its child are gone
-    child = int(pidfile.read_text())
-    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
-    assert rec["metrics"]["kdtree_verify"] == "on" and rec["device"]["kdtree_verify"] == "on"
-    assert rec["metrics"]["ready_clock"] == "from process start"
-    assert rec["details"]["readiness"]["waited_s"] >= 0.3
-    assert "KDTREE_VERIFY=on" in (tmp_path / "server.log").read_text()
+# -- launches of a stand-in SGLang through the live run ---------------------------------------
 
 
-def test_launch_url_defaults_from_the_command_port(tmp_path):
-    port = free_port()
-    code, rec = launch(tmp_path, fake_cmd(port))
-    assert code == 0 and rec["details"]["url"] == f"http://127.0.0.1:{port}"
+@pytest.fixture
+def small(monkeypatch):
+    """Small prompts and few tokens: the stand-in answers at once."""
+    monkeypatch.setattr(live, "OUTPUT_LENGTHS", (64, 128))
+    monkeypatch.setattr(live, "SPEED_LENGTHS", (256, 512, 1024))
+    monkeypatch.setattr(live, "CONCURRENT_LENGTHS", (16,) * 8)
+    monkeypatch.setattr(live, "CONTEXT_LENGTH", 4096)
 
 
-def test_server_that_exits_during_startup_shows_its_log_tail(tmp_path, capsys):
-    port = free_port()
-    code, rec = launch(tmp_path, fake_cmd(port, "--exit-during-startup", "3", "--ready-after",
-                                          "0.2"))
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "exited with code 3 during startup" in rec["reason"]
-    assert "connection refused" in rec["reason"]
-    assert "CUDA out of memory (simulated)" in rec["details"]["launch"]["log_tail"]
-    assert "| fake server: loading weights ... failed: CUDA out of memory (simulated)" in out
-    assert rec["details"]["readiness"]["waited_s"] < 10  # did not wait for the deadline
+def fake_run(tmp_path: Path, *extra: str, code: str = "c") -> live.Run:
+    def argv(launch, model, port):
+        flags = ["--cuda-graph"] if launch.graphs else []
+        return [sys.executable, "-m", "kdtree_pipeline.testing.fake_server", "--port", str(port),
+                "--stream-delay", "0.01", "--context-length", str(live.CONTEXT_LENGTH), *flags, *extra]
+
+    return live.Run(tmp_path / "run", tmp_path / "model", [], root=ROOT, port=free_port(), ready_timeout=30,
+                    request_timeout=10, code=code, argv=argv)
 
 
-def test_server_that_exits_during_the_run(tmp_path, capsys):
-    port = free_port()
-    code, rec = launch(tmp_path, fake_cmd(port, "--die-after", "1"))
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "exited with code 1 during the run" in rec["reason"]
-    assert rec["metrics"]["checks"]["short"]["passed"]
-    assert not rec["metrics"]["checks"]["long"]["passed"]
-    assert "dying as asked" in out  # log tail shown
+def test_a_live_run_of_every_default_launch_passes_on_the_stand_in(tmp_path, small):
+    run = fake_run(tmp_path)
+    results = live.run_launches(run, list(live.DEFAULT_LAUNCHES), progress=lambda line: None)
+    assert {n: r.problems for n, r in results.items() if r.problems} == {}
+    ev = gate.evaluate(results, list(live.DEFAULT_LAUNCHES))
+    assert [p for p in ev["problems"] if not p.startswith("decode at")] == []  # the stand-in is no faster on
+    assert ev["comparisons"]["eager"]["matched"] == ev["comparisons"]["eager"]["tokens"] == 64
+    typo = results["typo"]
+    assert "exited with code 1" in typo.checks["refuse"]["exit"] and "KDTREE_VERIFY='typo'" in typo.plugin["refusal"]
+    on = results["on-eager"]
+    assert on.plugin["hooked"] and on.plugin["kernel_calls"] > 0 and on.plugin["verify_fallbacks"] == 0
+    assert on.checks["faults"]["too_long"]["status"] == 400 and on.checks["faults"]["after"]["tokens"] == 16
+    assert all(r.cleanup["processes_left"] == [] for r in results.values())
+    # a second invocation on the same code starts nothing
+    again = live.run_launches(run, list(live.DEFAULT_LAUNCHES), progress=lambda line: None)
+    assert {n: r.seconds for n, r in again.items()} == {n: r.seconds for n, r in results.items()}
 
 
-def test_sigterm_ignored_server_is_killed(tmp_path):
-    port, pidfile = free_port(), tmp_path / "child.pid"
-    code, rec = launch(tmp_path, fake_cmd(port, "--ignore-sigterm", "--spawn-child",
-                                          str(pidfile)), "--stop-grace", "0.3")
-    assert code == 0
-    assert rec["details"]["launch"]["stopped_with"] == "SIGKILL"
-    assert group_members(rec["details"]["launch"]["pid"]) == []
+def test_a_kernel_that_changes_a_token_at_a_wide_margin_fails_the_comparison(tmp_path, small):
+    run = fake_run(tmp_path, "--differ-when-on")
+    results = live.run_launches(run, ["off-eager", "on-eager"], progress=lambda line: None)
+    ev = gate.evaluate(results, ["off-eager", "on-eager"])
+    bad = [p for p in ev["problems"] if p.startswith("outputs eager")]
+    assert bad and "led its runner-up by 1.000 (> 0.25, not a bf16 tie)" in bad[0]
 
 
-def test_fingerprint_mismatch_between_off_and_on_launches(tmp_path, capsys):
-    port, base = free_port(), tmp_path / "base.json"
-    cmd = fake_cmd(port, "--differ-when-on")
-    code, rec = launch(tmp_path, cmd, "--record-baseline", str(base))
-    assert code == 0 and rec["details"]["launch"]["KDTREE_VERIFY"] == "off"
-    code, rec = launch(tmp_path, cmd, "--compare-baseline", str(base))
-    out = capsys.readouterr().out
-    assert code == 1 and "short prompt's text differs" in rec["reason"]
-    assert "(changed)" in out and "baseline (KDTREE_VERIFY=off)" in out
-
-
-def test_launch_refuses_when_the_port_is_taken(tmp_path):
+def test_a_launch_refuses_a_port_that_something_else_holds(tmp_path, small):
+    run = fake_run(tmp_path)
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", run.port))
         s.listen()
-        port = s.getsockname()[1]
-        code, rec = launch(tmp_path, fake_cmd(port))
-    assert code == 1 and "something already listens" in rec["reason"]
-    assert "launch" not in rec["details"] or "pid" not in rec["details"]["launch"]
+        r = run.run(live.LAUNCHES["off-eager"], progress=lambda line: None)
+    assert r.problems == [f"something already listens on port {run.port}: stop it or pass another --port, so that "
+                          "the checks reach the server this launch starts"]
+    assert not r.started
+
+
+def test_a_server_that_dies_at_start_is_reported_with_its_log(tmp_path, small):
+    run = fake_run(tmp_path, "--exit-during-startup", "3")
+    r = run.run(live.LAUNCHES["off-eager"], progress=lambda line: None)
+    assert r.problems and "exited with code 3" in r.problems[0]
+    assert "CUDA out of memory (simulated)" in r.log_tail
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupt_stops_the_server_group(tmp_path, sig, code):
-    port, pidfile = free_port(), tmp_path / "child.pid"
-    cmd = [sys.executable, "-m", "kdtree_pipeline", "smoke", *FAST, "--ready-timeout", "60",
-           "--launch", fake_cmd(port, "--never-ready", "--spawn-child", str(pidfile)),
-           "--log", str(tmp_path / "server.log"), "--evidence-dir", str(tmp_path)]
-    gate_proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_interrupting_the_gate_stops_the_server_group(tmp_path, sig, code):
+    """The gate in its own process, its server never ready: Ctrl-C or SIGTERM to the gate stops
+    the server's whole process group (its own session, which the signal alone never reaches)."""
+    pidfile = tmp_path / "child.pid"
+    script = f"""
+import sys
+sys.argv = ["x"]
+from pathlib import Path
+from kdtree_pipeline.smoke import gate, live
+argv = lambda launch, model, port: [sys.executable, "-m", "kdtree_pipeline.testing.fake_server", "--port",
+                                    str(port), "--never-ready", "--spawn-child", {str(pidfile)!r}]
+run = live.Run(Path({str(tmp_path / "run")!r}), Path("m"), [], root=Path({str(ROOT)!r}), port={free_port()},
+               ready_timeout=60, argv=argv)
+try:
+    with gate._stop_on_sigterm():
+        live.run_launches(run, ["off-eager"], progress=print)
+except KeyboardInterrupt:
+    sys.exit(130)
+except gate._Terminated:
+    sys.exit(143)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     try:
         child = int(wait_for(pidfile, timeout=30))
         server_group = pgid_of(child)
-        assert server_group != os.getpgid(gate_proc.pid)
-        time.sleep(0.2)
-        gate_proc.send_signal(sig)
-        out, err = gate_proc.communicate(timeout=30)
+        assert server_group != os.getpgid(proc.pid)
+        time.sleep(0.3)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
     finally:
-        if gate_proc.poll() is None:
-            gate_proc.kill()
-    assert gate_proc.returncode == code, out + err
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, out + err
     assert group_members(server_group) == []
-    rec = load_record(tmp_path / "smoke.json")
-    assert not rec["passed"] and "the server was stopped" in rec["reason"]

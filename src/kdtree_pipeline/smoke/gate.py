@@ -20,8 +20,11 @@ with the launches not done on this code (exit 3 until all are). Then one evidenc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,27 @@ TARGET_SPEEDUP_23K = 2.0
 
 class UsageError(ValueError):
     """Bad command-line input: exit 2, nothing written."""
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived; raised so that the running launch's ``finally`` stops its server (each
+    server runs in its own process group, which a signal to the gate alone would not reach)."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,7 +225,13 @@ def main(argv: list[str]) -> int:
     print(f"smoke: model {M.write(out / 'model', spec)}", flush=True)
     run = live.Run(out, out / "model", [site_dir], root=root, port=args.port, ready_timeout=args.ready_timeout,
                    code=evidence.content_hash(root))
-    results = live.run_launches(run, names, budget_s=args.budget_s)
+    try:
+        with _stop_on_sigterm():
+            results = live.run_launches(run, names, budget_s=args.budget_s)
+    except (KeyboardInterrupt, _Terminated) as e:  # the launch's finally stopped its server
+        why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+        print(f"smoke: {why}; the server was stopped", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
     if any(n not in results for n in names):
         left = [n for n in names if n not in results]
         print(f"smoke: INCOMPLETE: {', '.join(left)} not run yet; run the same command again to go on", file=sys.stderr)

@@ -236,6 +236,7 @@ class LaunchResult:
     ready_s: float | None = None
     exit: str | None = None
     checks: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds each check took
     plugin: dict[str, Any] = field(default_factory=dict)
     cleanup: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -246,6 +247,16 @@ class LaunchResult:
     @property
     def passed(self) -> bool:
         return not self.problems
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def read_plugin_lines(log: Path) -> dict[str, Any]:
@@ -279,8 +290,10 @@ class Run:
 
     def __init__(self, out: Path, model_dir: Path, site: list[Path], *, root: Path, port: int = 30117,
                  ready_timeout: float = 1500.0, request_timeout: float = 600.0, code: str = "",
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, argv=None) -> None:
         self.out, self.model_dir, self.root, self.port = out, model_dir, root, port
+        #: (launch, model_dir, port) -> the server's command line (a test puts a stand-in server here)
+        self.argv = argv or (lambda launch, model, port: server_argv(launch, model, port, python))
         self.ready_timeout, self.request_timeout, self.code, self.python = ready_timeout, request_timeout, code, python
         self.out.mkdir(parents=True, exist_ok=True)
         ep = entry_point_dir(root, out)
@@ -318,7 +331,12 @@ class Run:
         log = self.out / f"server-{launch.name}.log"
         r.log = str(log)
         base_mem = gpu_memory_used_mib()
-        argv = server_argv(launch, self.model_dir, self.port, self.python)
+        if _listening(self.port):
+            r.problems.append(f"something already listens on port {self.port}: stop it or pass another --port, "
+                              "so that the checks reach the server this launch starts")
+            self.save(r)
+            return r
+        argv = self.argv(launch, self.model_dir, self.port)
         env = server_env(launch, self.paths, self.cache)
         server = ServerProcess(argv, log, kdtree_verify=None, extra_env=env, grace_s=60.0)
         client = SmokeClient(f"http://127.0.0.1:{self.port}", timeout=self.request_timeout)
@@ -343,8 +361,8 @@ class Run:
                 except HttpError as e:
                     r.checks[check] = {"error": str(e)}
                     r.problems.append(f"{check}: {e}")
-                r.checks.setdefault(check, {})["seconds"] = round(time.monotonic() - c0, 1)
-                progress(f"  {launch.name}: {check} done in {r.checks[check]['seconds']}s")
+                r.timings[check] = round(time.monotonic() - c0, 1)
+                progress(f"  {launch.name}: {check} done in {r.timings[check]}s")
                 if server.exit_reason():
                     r.problems.append(f"{server.exit_reason()} during the {check} check")
                     break

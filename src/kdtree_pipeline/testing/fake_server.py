@@ -56,6 +56,20 @@ class FakeConfig:
     die_after: int | None = None
     differ_when_on: bool = False
     exit_process_on_die: bool = False
+    context_length: int = 131072
+    cuda_graph: bool = False
+
+
+def token_ids(prompt_ids: list[int], n: int, verify: str, differ: bool) -> tuple[list[int], list[float]]:
+    """The stand-in model: ``n`` ids and their logprobs, a function of the prompt's last ids. With
+    ``differ`` and KDTREE_VERIFY=on, the fourth id is the runner-up at a wide margin (what a wrong
+    kernel would do)."""
+    seed = sum(prompt_ids[-4:]) if prompt_ids else 0
+    ids = [1000 + (seed + 7 * i) % 1000 for i in range(n)]
+    lps = [round(-1.0 - 0.01 * i, 4) for i in range(n)]
+    if differ and verify == "on" and n > 3:
+        ids[3] += 1  # off's runner-up, which trails by 1.0
+    return ids, lps
 
 
 def _answer(prompt: str, cfg: FakeConfig, verify: str) -> str:
@@ -77,6 +91,7 @@ class FakeServer:
         self.config = config or FakeConfig()
         self.started = time.monotonic()
         self.requests = 0
+        self.verify_steps = 0
         self.lock = threading.Lock()
         self.verify = os.environ.get("KDTREE_VERIFY", "unset")
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
@@ -214,6 +229,8 @@ def _make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 if cfg.report_usage:
                     body["usage"] = usage
                 self._json(body)
+            elif path == "/generate" and "input_ids" in req:
+                self._generate_ids(req)
             elif path == "/generate":
                 text = _answer(str(req.get("text", "")), cfg, server.verify)
                 n = max(1, len(text.split()))
@@ -225,6 +242,61 @@ def _make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._json({"text": text, "meta_info": meta})
             else:
                 self._send(404, json.dumps({"detail": "Not Found"}))
+
+        def _generate_ids(self, req: dict[str, Any]) -> None:
+            """SGLang's native /generate with token ids (a server run with --skip-tokenizer-init)."""
+            cfg = server.config
+            batch = req["input_ids"]
+            many = bool(batch) and isinstance(batch[0], list)
+            prompts = batch if many else [batch]
+            sp = req.get("sampling_params") or {}
+            n = int(sp.get("max_new_tokens", 16))
+            for ids in prompts:
+                if len(ids) > cfg.context_length:
+                    msg = (f"The input ({len(ids)} tokens) is longer than the model's context length "
+                           f"({cfg.context_length} tokens).")
+                    self._json({"error": {"message": msg}}, status=400)
+                    return
+            outs = []
+            for ids in prompts:
+                out, lps = token_ids(ids, n, server.verify, cfg.differ_when_on)
+                meta: dict[str, Any] = {"prompt_tokens": len(ids), "completion_tokens": n, "spec_verify_ct": n,
+                                        "spec_accept_length": 1.0, "e2e_latency": 0.01 * n}
+                if req.get("return_logprob"):
+                    meta["output_token_logprobs"] = [[lp, i, None] for lp, i in zip(lps, out, strict=True)]
+                    meta["output_top_logprobs"] = [[[lp, i, None], [lp - 1.0, i + 1, None]]
+                                                   for lp, i in zip(lps, out, strict=True)]
+                outs.append({"output_ids": out, "meta_info": meta})
+            if req.get("stream"):
+                self._stream_ids(outs[0])
+                return
+            with server.lock:
+                server.verify_steps += n
+            if cfg.exit_process_on_die:  # as SGLang's decode lines and the plugin's counts read
+                print(f"Decode batch, #running-req: {len(outs)}, accept len: 1.00, cuda graph: {cfg.cuda_graph}, "
+                      f"gen throughput (token/s): 100.0", flush=True)
+                if server.verify == "on":
+                    print(f"kdtree verify [tp 0]: {server.verify_steps} kernel calls (step plan made 0, read 0), "
+                          "0 verify calls on SGLang's path", flush=True)
+            self._json(outs if many else outs[0])
+
+        def _stream_ids(self, out: dict[str, Any]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for i in range(len(out["output_ids"])):
+                    ev = {"output_ids": out["output_ids"][: i + 1], "meta_info": {"completion_tokens": i + 1}}
+                    data = f"data: {json.dumps(ev)}\n\n".encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                    time.sleep(server.config.stream_chunk_delay_s)
+                data = b"data: [DONE]\n\n"
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away mid-stream
 
         def _stream(self, text: str, usage: dict[str, Any] | None) -> None:
             cfg = server.config
@@ -274,10 +346,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="ignore SIGTERM (it and its child), so only SIGKILL stops them")
     p.add_argument("--answer", default=None, help="answer to the capital-of-France prompt")
     p.add_argument("--differ-when-on", action="store_true",
-                   help="change the short answer when KDTREE_VERIFY=on")
+                   help="change the short answer (and a token id) when KDTREE_VERIFY=on")
+    p.add_argument("--cuda-graph", action="store_true", help="say so in the decode lines")
+    p.add_argument("--context-length", type=int, default=131072, help="longer token-id prompts get a 400")
+    p.add_argument("--stream-delay", type=float, default=0.0, help="seconds between streamed events")
     a = p.parse_args(argv)
-    print(f"fake server: starting, KDTREE_VERIFY={os.environ.get('KDTREE_VERIFY', 'unset')}",
-          flush=True)
+    verify = os.environ.get("KDTREE_VERIFY", "unset")
+    print(f"fake server: starting, KDTREE_VERIFY={verify}", flush=True)
+    if verify not in ("on", "off", "unset", ""):  # the plugin's own refusal, as SGLang's loader lets it out
+        from kdtree_engine.sglang import plugin
+
+        try:
+            plugin.read_switch()
+        except plugin.KdtreeConfigError as e:
+            print(f"kdtree verify: {e}; stopping (SGLang would otherwise serve without it)", flush=True)
+            return 1
+    if verify == "on":
+        lib = os.environ.get("KDTREE_LIB")
+        if lib and not os.path.exists(lib):
+            print(f"kdtree verify [pid {os.getpid()}]: off: kernel library failed to load: no such file {lib} "
+                  "(SGLang's path serves from now on)", flush=True)
+        else:
+            print("kdtree verify [pid 1]: hook registered on TritonAttnBackend.forward_extend (KDTREE_VERIFY=on; "
+                  "library /x.so, built for sm_90a)", flush=True)
+    elif verify == "off":
+        print("kdtree verify: off: KDTREE_VERIFY=off", flush=True)
     if a.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.spawn_child:
@@ -291,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         return a.exit_during_startup
     cfg = FakeConfig(ready_after_s=a.ready_after, never_ready=a.never_ready,
                      die_after=a.die_after, answer=a.answer, differ_when_on=a.differ_when_on,
-                     exit_process_on_die=True)
+                     exit_process_on_die=True, cuda_graph=a.cuda_graph, stream_chunk_delay_s=a.stream_delay,
+                     context_length=a.context_length)
     server = FakeServer(cfg, port=a.port)
     print(f"fake server: listening on {server.url}", flush=True)
     try:
