@@ -246,7 +246,7 @@ def flags_for(archs: list[str]) -> list[str]:
 
 def nvcc_command(root: Path, out: Path, archs: list[str], extra: list[str] = (), nvcc: str = "nvcc") -> list[str]:
     """The gate's nvcc command line: ``root``'s csrc/ into the library ``out``, with ``extra``
-    flags after the gate's (tools/build_variant.py builds its A/B variants with it)."""
+    flags after the gate's (an A/B variant is this command with a -D switch added)."""
     return [nvcc, *flags_for(archs), *extra, "-I", str(Path(root) / "csrc"), "-o", str(out),
             *map(str, sources(Path(root)))]
 

@@ -15,7 +15,7 @@ Suites (docs/design.md section 6, issues 4, 7 and 8):
 - ``micro``: the 13 shapes of the docs/design.md section 6 table (Phase 1),
   bs=1, N=16, H=8 at prefix 1k and 4k called as under CUDA-graph capture, without
   the host hint (``-nohint``: the device picks the splits, issue 16), and the
-  ragged batches of tools/ragged_probe.py (:data:`RAGGED_CASES`: one long request
+  ragged batches (:data:`RAGGED_CASES`: one long request
   among short ones, where the split schedule matters most).
 - ``long-context``: bs=1, H=8, N=16 and 64, prefix 23k..91k (Phase 3).
 - ``fragmentation``: one request (bs=1, H=8, N=16, tree) with its slot ids
@@ -198,7 +198,7 @@ FRAG_PREFIXES = (4096, 23000, 65536, 91000)
 GRAPH_PREFIXES = (1024, 65536)
 #: issue 16: bs=1, N=16, H=8 at these prefixes without the host hint (micro suite)
 NOHINT_PREFIXES = (1024, 4096)
-#: ragged batches (micro suite), tools/ragged_probe.py's non-uniform CASES: (label, N, H,
+#: ragged batches (micro suite): (label, N, H,
 #: per-request prefixes). One long request among short ones is where the split schedule
 #: matters: ours splits each request by its own length, FlashMLA cuts the batch's work into
 #: equal parts per SM.
