@@ -20,7 +20,7 @@ ragged batch's bytes and flops are the sums of its requests').
 The sm_120 floor (:data:`SM120_RTX_PRO_6000`) is a prediction, not a measurement:
 the same bytes and flops over an RTX PRO 6000 Blackwell's documented memory
 bandwidth and dense bf16 tensor rate with fp32 accumulation (sources in
-docs/kernel-notes.md, "sm_120 facts"). No sm_120 GPU is available here.
+docs/sm120.md). No sm_120 GPU is available here.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class Ceilings:
         return d
 
 
-#: RTX PRO 6000 Blackwell (sm_120), from NVIDIA's documentation: 1792 GB/s GDDR7 and the
-#: dense bf16 tensor rate with fp32 accumulation (docs/kernel-notes.md, "sm_120 facts").
+#: RTX PRO 6000 Blackwell (sm_120): 1792 GB/s GDDR7 and the dense bf16 tensor rate with fp32
+#: accumulation, as published for the product (docs/sm120.md gives the sources).
 #: A prediction: the floor an sm_120 user can expect, not a figure measured here.
 SM120_RTX_PRO_6000 = Ceilings(copy_bytes_per_s=1.792e12, matmul_flops_per_s=503.8e12,
                               predicted="RTX PRO 6000 Blackwell datasheet: 1792 GB/s, 503.8 TFLOP/s dense bf16")
