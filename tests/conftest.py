@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -43,15 +42,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if reason and item.get_closest_marker(name):
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
-
-
-def load_tool(name: str):
-    """Import ``tools/<name>.py`` (the tools are scripts, not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(name, PROJECT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # before it runs: a dataclass looks its module up there (importlib's recipe)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def git(repo: Path, *args: str) -> str:

@@ -444,7 +444,7 @@ def test_side_by_side_figures_are_recorded_with_the_rest(fake_cuda, monkeypatch,
     (("ours",), [2, 1, 1]),  # ours' two masks interleaved, the emulation alone after them
 ])
 def test_run_case_times_the_group_it_is_given(fake_cuda, monkeypatch, together, groups):
-    """run_case's side_by_side names the interleaved group (tools/ab_bench.py passes its own);
+    """run_case's side_by_side names the interleaved group (an A/B caller passes its own);
     the module's default group is left as it was."""
     from kdtree_pipeline.bench import gate
 

@@ -19,7 +19,7 @@ DESIGN_ROWS = [
 ]
 
 
-#: the micro suite's ragged cases, by name (tools/ragged_probe.py's non-uniform batches)
+#: the micro suite's ragged cases, by name
 MICRO_RAGGED = ["bs8-N16-H8-ragged-one64k-seven1k", "bs8-N16-H8-ragged-geometric32k",
                 "bs4-N16-H8-ragged-one91k-three4k", "bs32-N8-H16-ragged-one32k-rest2k",
                 "bs16-N16-H8-ragged-two64k-rest1k"]
@@ -40,20 +40,22 @@ def test_micro_is_the_design_table_the_nohint_and_the_ragged_cases():
     assert "extend_50x" not in micro.targets  # docs/design.md section 6: the 50x target is the long-context suite's
 
 
-def test_micro_ragged_cases_are_the_probes_batches():
-    """The micro suite times the batches tools/ragged_probe.py measured (every one of its
-    cases but the uniform control), with the probe's drafts, heads and lengths in its order."""
-    from conftest import load_tool
-
-    probe = load_tool("ragged_probe")
-    want = [(name, tuple(lens), n, h) for name, lens, n, h in probe.CASES if len(set(lens)) > 1]
-    assert len(want) == len(probe.CASES) - 1
-    got = [(c.name.replace("-ragged-", "-"), c.prefixes, c.n, c.heads)
-           for c in suites.SUITES["micro"].cases if c.is_ragged]
+def test_micro_ragged_cases_are_the_mixed_batches_measured_against_flashmla():
+    """The micro suite's ragged batches: one or two long requests among short ones, with
+    these drafts, heads and per-request prefixes (the batches on which FlashMLA's per-SM cut
+    of the work first beat ours, before the batch schedule)."""
+    want = [
+        ("bs8-N16-H8-ragged-one64k-seven1k", (65536,) + (1024,) * 7, 16, 8),
+        ("bs8-N16-H8-ragged-geometric32k", tuple(32768 >> i for i in range(8)), 16, 8),
+        ("bs4-N16-H8-ragged-one91k-three4k", (91000, 4096, 4096, 4096), 16, 8),
+        ("bs32-N8-H16-ragged-one32k-rest2k", (32768,) + (2048,) * 31, 8, 16),
+        ("bs16-N16-H8-ragged-two64k-rest1k", (65536, 65536) + (1024,) * 14, 16, 8),
+    ]
+    got = [(c.name, tuple(c.prefixes), c.n, c.heads) for c in suites.SUITES["micro"].cases if c.is_ragged]
     assert got == want
     for c in suites.SUITES["micro"].cases:
         if c.is_ragged:
-            assert c.prefix == max(c.prefixes) and c.bs == len(c.prefixes)
+            assert c.prefix == max(c.prefixes) and c.bs == len(c.prefixes) and len(set(c.prefixes)) > 1
 
 
 def test_long_context_suite():
@@ -68,8 +70,7 @@ def test_long_context_suite():
 def test_fragmentation_and_graph_suites():
     fr = suites.SUITES["fragmentation"]
     assert {c.layout for c in fr.cases} == {"contiguous", "runs16", "runs64", "runs256", "fragmented"}
-    # the suite's report order and the data builder's list (what tools/ab_bench.py --layout
-    # accepts) name the same layouts
+    # the suite's report order and the data builder's list name the same layouts
     assert sorted(suites.FRAG_LAYOUTS) == sorted(workloads.LAYOUTS)
     assert min(c.prefix for c in fr.cases) == 4096 and max(c.prefix for c in fr.cases) == 91000
     assert fr.systems == ("ours", "ours-sm120", "sglang-extend")

@@ -168,7 +168,7 @@ def test_sass_counts_finds_cuobjdump_once(tmp_path, monkeypatch):
 
 
 def test_the_gate_and_the_variant_tool_run_one_nvcc_command(tmp_path, monkeypatch):
-    """build() compiles with nvcc_command(), the command tools/build_variant.py prints: a variant
+    """build() compiles with nvcc_command(), the one command line an A/B variant reuses: a variant
     differs from the gate's library only by the flags it adds (placed after the gate's)."""
     import subprocess
 

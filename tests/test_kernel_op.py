@@ -150,7 +150,7 @@ def test_split_plan_mirror_and_properties(tmp_path):
     the grid is what limits it, each split is exactly as long as the host-only schedule
     made it (whole 32-key tiles; for the sm90 kernel (128-key steps) whole pairs of
     64-key blocks, never a padding block but at a request's end). The Python mirror
-    (op.split_plan: the fast-path test and tools/partials_precision.py use it) agrees with it
+    (op.split_plan: the fast-path test uses it) agrees with it
     everywhere."""
     import shutil
     import subprocess

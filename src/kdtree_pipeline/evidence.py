@@ -170,7 +170,7 @@ def provenance(path: Path | str | None = None, root: Path | None = None) -> dict
     beside it the csrc/ hash it was compiled from. ``matches`` is True when that hash is
     ``root``'s csrc/ hash and the file is the one the stamp describes; False when either
     differs (a build of older sources, a file copied over the build); None when it cannot
-    tell (no such file; no stamp, as for a variant from tools/build_variant.py; a stamp
+    tell (no such file; no stamp, as for a library built by hand with extra flags; a stamp
     without the hashes); ``why`` says which. Reads files only: no GPU, nothing loaded."""
     root = Path(root) if root is not None else repo_root()
     p = Path(path) if path is not None else L.default_library_path(root)

@@ -277,7 +277,7 @@ def work_dir(out: Path) -> Path:
 
 def nvcc_command(root: Path, out: Path, archs: list[str], extra: list[str] = (), nvcc: str = "nvcc") -> list[str]:
     """The gate's nvcc command line: ``root``'s csrc/ into the library ``out``, with ``extra``
-    flags after the gate's (tools/build_variant.py builds its A/B variants with it). It names
+    flags after the gate's (an A/B variant is this command with a -D switch added). It names
     the sources through :data:`SOURCE_PREFIX`, so it runs in a folder holding csrc/:
     :func:`run_nvcc` runs it on a copy of ``root``'s."""
     csrc = SOURCE_PREFIX / "csrc"

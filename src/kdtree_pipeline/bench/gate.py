@@ -98,7 +98,7 @@ def run_case(case: Case, systems: tuple[str, ...], peers: dict[str, Any], missin
     """Build the inputs of one case and time every system on it, appending to ``out``
     (so that the figures taken before a fatal CUDA fault are kept). The systems named in
     ``side_by_side`` have their replays timed together in interleaved rounds, the others alone
-    after them (the bench's group by default; tools/ab_bench.py passes its own)."""
+    after them (the bench's group by default; an A/B caller can pass its own)."""
     import torch
 
     from kdtree_pipeline.bench import data, timing
