@@ -126,7 +126,9 @@ def nvcc_version() -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of what a gate's result depends on."""
+    """Versions of the libraries on this machine that a gate may compute with (None: absent).
+    The record keeps them all; the plan keeps, and compares, only those its gate uses
+    (:data:`kdtree_pipeline.phases.VERSIONS_USED`)."""
     torch_v = cuda_v = None
     try:
         import torch

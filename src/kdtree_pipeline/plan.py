@@ -26,7 +26,7 @@ from typing import Any
 import jinja2
 
 from kdtree_pipeline import evidence
-from kdtree_pipeline.phases import PHASES, Phase
+from kdtree_pipeline.phases import PHASES, Phase, versions_used
 
 PLAN_ID = "0002"
 PLAN_STEM = "0002-sm120-verify-kernel-defrag"
@@ -196,7 +196,8 @@ def _local_free_text(text: str, root: str | None) -> str:
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
     """The part of an evidence record the plan keeps: pass/fail, headline, up to
     eight scalar metrics (machine-local paths made relative or left out), device,
-    commit, content hash, time, versions, the names of its plots and the bench
+    commit, content hash, time, the versions of the libraries the gate computes with
+    (:func:`kdtree_pipeline.phases.versions_used`), the names of its plots and the bench
     gate's markdown table when it carries one."""
     root = record.get("root")
     metrics = record.get("metrics") or {}
@@ -225,19 +226,25 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
         # the kernel library the gate ran, when this tree's csrc/ built it (kernel.library.provenance)
         "library": lib.get("sha256") if isinstance(lib := record.get("library"), dict) and lib.get("matches") else None,
         "time_utc": record.get("time_utc"),
-        "versions": {k: v for k, v in sorted((record.get("versions") or {}).items()) if v},
+        # the libraries the gate computes with; the rest of the record's versions describe the machine
+        "versions": versions_used(str(record.get("gate")), record.get("versions") or {}),
         "plots": plots,
         "markdown_table": table.strip() if isinstance(table, str) and table.strip() else None,
     }
 
 
-def result_key(summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a gate's summary proved, without when, from which commit or how long
-    it took: two summaries with the same key record the same result."""
+def result_key(summary: dict[str, Any] | None, gate: str | None = None) -> dict[str, Any] | None:
+    """What a gate's summary proved: pass/fail, content hash, headline, metrics, device and the
+    versions of the libraries ``gate`` computes with (:func:`versions_used`; every version when
+    ``gate`` is None), without when, from which commit or how long it took, nor the versions of
+    libraries the gate does not use (a summary recorded before the plan kept only those names
+    them all). Two summaries with the same key record the same result."""
     if summary is None:
         return None
     key = {k: v for k, v in summary.items() if k not in RUN_FIELDS}
     key["metrics"] = {k: v for k, v in (summary.get("metrics") or {}).items() if k not in RUN_METRICS}
+    versions = summary.get("versions") or {}
+    key["versions"] = versions_used(gate, versions) if gate else {k: v for k, v in versions.items() if v}
     key.setdefault("plots", [])
     return key
 
@@ -247,7 +254,7 @@ def phase_key(entry: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": entry["status"],
         "override_missing": entry["override_missing"] if entry["override"] else [],
-        "gates": {g["name"]: result_key(g["evidence"]) for g in entry["gates"]},
+        "gates": {g["name"]: result_key(g["evidence"], g["session"]) for g in entry["gates"]},
     }
 
 
