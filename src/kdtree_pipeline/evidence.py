@@ -14,12 +14,11 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from kdtree_engine.kernel import library as L
-from kdtree_engine.kernel.build import csrc_hash, file_sha256
+from kdtree_engine.kernel.build import BuildError, csrc_hash, file_sha256, find_nvcc, nvcc_version
 from kdtree_pipeline.phases import PHASES, record_name
 
 SCHEMA = 1
@@ -114,15 +113,13 @@ def _version(mod: str) -> str | None:
         return None
 
 
-def nvcc_version() -> str | None:
+def _nvcc_version() -> str | None:
+    """The version of the nvcc the build gate would use, as it records it ("13.0 (V13.0.88)"),
+    or None on a machine without a working one."""
     try:
-        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
+        return nvcc_version(find_nvcc())
+    except BuildError:
         return None
-    for line in out.stdout.splitlines():
-        if "release" in line:
-            return line.split("release", 1)[1].strip().split(",")[0]
-    return None
 
 
 def versions() -> dict[str, str | None]:
@@ -143,7 +140,7 @@ def versions() -> dict[str, str | None]:
         "cuda": cuda_v,
         "triton": _version("triton"),
         "sglang": _version("sglang"),
-        "nvcc": nvcc_version(),
+        "nvcc": _nvcc_version(),
     }
 
 
