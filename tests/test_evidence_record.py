@@ -134,3 +134,22 @@ def test_a_record_names_nvcc_as_the_build_gate_does(tmp_path, monkeypatch):
     assert evidence.versions()["nvcc"] == B.nvcc_version(str(fake)) == "12.8 (V12.8.93)"
     monkeypatch.setenv("NVCC", str(tmp_path / "no-such-nvcc"))
     assert evidence.versions()["nvcc"] is None
+
+
+def test_the_evidence_folder_is_the_variable_else_build_evidence(tree, tmp_path, monkeypatch):
+    """One rule for where evidence goes: $KDTREE_EVIDENCE_DIR, else <root>/build/evidence; a
+    gate takes no folder argument."""
+    from kdtree_pipeline import build as build_gate
+
+    monkeypatch.delenv("KDTREE_EVIDENCE_DIR", raising=False)
+    monkeypatch.setenv("KDTREE_ROOT", str(tree))
+    assert evidence.evidence_dir() == tree / "build" / "evidence"
+    assert evidence.evidence_dir(tmp_path) == tmp_path / "build" / "evidence"
+    rec = evidence.make_record("build", True, {}, "ok", device=None, root=tree)
+    assert evidence.write_record(rec) == tree / "build" / "evidence" / "build.json"
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path / "ev"))
+    assert evidence.evidence_dir(tree) == tmp_path / "ev"
+    assert evidence.write_record(rec) == tmp_path / "ev" / "build.json"
+    with pytest.raises(SystemExit) as e:
+        build_gate.main(["--evidence-dir", str(tmp_path)])
+    assert e.value.code == 2

@@ -96,12 +96,12 @@ for step in "$@"; do
     tma-row-probe) # can 1-row TMA boxes gather key rows into the 128B-swizzled buffers, and how fast against cp.async
                    # (tools/tma_row_probe.cu, tool_bin)
               timeout 120 "$(tool_bin tma_row_probe)" | tee /tmp/bench/tma-row-probe.txt ;;
-    oracle-mma) KDTREE_KERNEL=mma python3 -m kdtree_pipeline oracle --evidence-dir /tmp/oracle-mma ;;
+    oracle-mma) KDTREE_KERNEL=mma KDTREE_EVIDENCE_DIR=/tmp/oracle-mma python3 -m kdtree_pipeline oracle ;;
     oracle-libs) # the oracle (its full matrix, both targets) once on each library of ORACLE_LIBS (default: AB_LIBS, each
                  # folder once), its evidence in /tmp/bench/oracle-<folder>, never /tmp/ev: a variant's pass proves
                  # nothing of this tree
                for d in $(printf '%s\n' ${ORACLE_LIBS:-${AB_LIBS:-build/lib}} | awk '!seen[$0]++'); do
-                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so $T python3 -m kdtree_pipeline oracle --evidence-dir /tmp/bench/oracle-$(basename $d) \
+                 KDTREE_LIB=$PWD/$d/libkdtree_verify.so KDTREE_EVIDENCE_DIR=/tmp/bench/oracle-$(basename $d) $T python3 -m kdtree_pipeline oracle \
                    $ORACLE_ARGS 2>&1 | tail -3 | sed "s|^|$(basename $d): |"
                done ;;
     first-look) python3 tools/first_look.py ;;
@@ -171,8 +171,8 @@ for step in "$@"; do
               # (AB_LIBS: a list of library folders instead)
               for d in ${AB_LIBS:-build/lib/base build/lib/var-* build/lib}; do
                 so=$d/libkdtree_verify.so; [ -f $so ] || continue; lib=$(basename $d); echo "--- $lib"
-                KDTREE_LIB=$PWD/$so $T python3 -m kdtree_pipeline bench --suite ${AB_SUITE:-micro} --systems ${AB_SYSTEMS:-ours,flashmla} \
-                  --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} --evidence-dir /tmp/ab-ev-$lib 2>&1 | grep -E "^\| [0-9b]|^bench"
+                KDTREE_LIB=$PWD/$so KDTREE_EVIDENCE_DIR=/tmp/ab-ev-$lib $T python3 -m kdtree_pipeline bench --suite ${AB_SUITE:-micro} \
+                  --systems ${AB_SYSTEMS:-ours,flashmla} --out /tmp/bench/ab-$lib --budget-s ${BENCH_BUDGET:-150} 2>&1 | grep -E "^\| [0-9b]|^bench"
               done ;;
     ab-native) # tools/ab_native.py (CUDA-graph replay, AB_SHAPES or the batched shapes): this tree's build/lib with
                # AB_ENV (e.g. "--env KDTREE_TMA=1 --env KDTREE_TMA=0") in AB_ROUNDS rounds, any AB_LIBS folders, then the baseline tree in build/old

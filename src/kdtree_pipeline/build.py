@@ -84,14 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", action="append", help="target arch (repeatable or comma list); default sm_90a,sm_120a")
     ap.add_argument("--force", action="store_true", help="rebuild even when sources and flags are unchanged")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default build/lib)")
-    ap.add_argument("--evidence-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         res = build(args.arch, args.out, args.force)
     except BuildError as e:
         print(f"build: FAILED: {e}", file=sys.stderr)
         rec = evidence.make_record("build", False, {}, "build failed", reason=str(e).splitlines()[0], device=None)
-        evidence.write_record(rec, args.evidence_dir)
+        evidence.write_record(rec)
         return 1
     bad = spills(res)
     serial = serialized(res)
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     rec = evidence.make_record("build", passed, metrics, headline if passed else "build failed",
                                reason=reason, device=None)
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     state = "rebuilt" if res.rebuilt else "up to date"
     print(f"build: {res.library} ({state})")
     for a, ks in res.kernels.items():

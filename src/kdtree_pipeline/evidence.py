@@ -268,17 +268,18 @@ def make_record(
     }
 
 
-def evidence_dir(directory: Path | str | None = None) -> Path:
-    if directory is not None:
-        return Path(directory)
+def evidence_dir(root: Path | None = None) -> Path:
+    """Where the gates write their evidence and a phase reads it: ``$KDTREE_EVIDENCE_DIR``,
+    else ``<root>/build/evidence`` (``root``: :func:`repo_root`). This is the one rule: a gate
+    takes no folder argument, and ``invoke phaseN`` sets the variable for the gates it runs."""
     env = os.environ.get("KDTREE_EVIDENCE_DIR")
-    return Path(env) if env else repo_root() / "build" / "evidence"
-
+    return Path(env) if env else (root or repo_root()) / "build" / "evidence"
 
 
 def write_record(record: dict[str, Any], directory: Path | str | None = None) -> Path:
-    """Write ``<dir>/<gate>[-<variant>].json`` atomically and return its path."""
-    d = evidence_dir(directory)
+    """Write ``<directory>/<gate>[-<variant>].json`` atomically and return its path
+    (``directory``: :func:`evidence_dir` unless given)."""
+    d = Path(directory) if directory is not None else evidence_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{record_name(record['gate'], record.get('variant'))}.json"
     tmp = path.with_suffix(".json.tmp")
@@ -287,7 +288,7 @@ def write_record(record: dict[str, Any], directory: Path | str | None = None) ->
     return path
 
 
-def refuse_without_cuda(gate: str, directory: Path | str | None = None, *, variant: str | None = None,
+def refuse_without_cuda(gate: str, *, variant: str | None = None,
                         metrics: dict[str, Any] | None = None) -> int | None:
     """A GPU gate on a machine without CUDA: print why, write a failing record and
     return the exit code 1 (a gate never passes by skipping); None when a GPU is visible."""
@@ -299,8 +300,7 @@ def refuse_without_cuda(gate: str, directory: Path | str | None = None, *, varia
         return None
     msg = f"the {gate} gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
     print(f"{gate}: FAILED: {msg}", file=sys.stderr)
-    write_record(make_record(gate, False, metrics or {}, "not run: no CUDA GPU", reason=msg, variant=variant),
-                 directory)
+    write_record(make_record(gate, False, metrics or {}, "not run: no CUDA GPU", reason=msg, variant=variant))
     return 1
 
 

@@ -80,14 +80,6 @@ REFUSALS: tuple[type[Exception], ...] = (
 )
 
 
-def default_evidence_dir(root: Path, given: Path | str | None = None) -> Path:
-    """``given``, else ``$KDTREE_EVIDENCE_DIR``, else ``<root>/build/evidence``."""
-    if given is not None:
-        return Path(given)
-    env = os.environ.get("KDTREE_EVIDENCE_DIR")
-    return Path(env) if env else root / "build" / "evidence"
-
-
 def cuda_available() -> bool:
     try:
         import torch
@@ -328,7 +320,7 @@ def record(
     if commit:
         _commit.preflight(root, [state_path, plan_path])
     check_not_hand_edited(root, before)
-    ev_dir = default_evidence_dir(root, evidence_dir)
+    ev_dir = Path(evidence_dir) if evidence_dir is not None else evidence.evidence_dir(root)
     sel = select_evidence(ev_dir, root, before, phases=phases, partial=partial)
     after = copy.deepcopy(before)
     after["head_content_hash"] = evidence.content_hash(root)
@@ -399,7 +391,7 @@ def run_phase(
     when all pass record the phase (:func:`record_phase`)."""
     p = phase(n)
     root = (root or evidence.repo_root()).resolve()
-    ev_dir = default_evidence_dir(root, evidence_dir)
+    ev_dir = Path(evidence_dir) if evidence_dir is not None else evidence.evidence_dir(root)
     no_venv = no_venv_default() if no_venv is None else no_venv
     state_path, plan_path = plan.plan_paths(root)
     # A gate that cannot run fails the phase; nothing else is worth checking then.

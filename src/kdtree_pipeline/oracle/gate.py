@@ -23,7 +23,6 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -199,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--targets", default=None,
                     help="comma list of native, sm_120 (default: native, and sm_120 emulation on CC >= 9.0)")
-    ap.add_argument("--evidence-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     all_cases = cases()
     groups = sorted({c.group for c in all_cases})
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(all_cases)} cases")
         return 0
 
-    rc = evidence.refuse_without_cuda("oracle", args.evidence_dir)
+    rc = evidence.refuse_without_cuda("oracle")
     if rc is not None:
         return rc
     device = torch.device("cuda")
@@ -237,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # missing library, wrong ABI
         msg = f"cannot load the kernel library: {e}"
         print(f"oracle: FAILED: {msg}", file=sys.stderr)
-        evidence.write_record(evidence.make_record("oracle", False, {}, "not run: no kernel library", reason=msg),
-                              args.evidence_dir)
+        evidence.write_record(evidence.make_record("oracle", False, {}, "not run: no kernel library", reason=msg))
         return 1
 
     targets = targets or default_targets(torch.cuda.current_device())
@@ -249,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # e.g. sm_120 emulation asked of a GPU below CC 9.0
             msg = f"target {t}: {e}"
             print(f"oracle: FAILED: {msg}", file=sys.stderr)
-            evidence.write_record(evidence.make_record("oracle", False, {}, f"not run: {msg}", reason=msg),
-                                  args.evidence_dir)
+            evidence.write_record(evidence.make_record("oracle", False, {}, f"not run: {msg}", reason=msg))
             return 1
     rows = []
     t0 = time.monotonic()
@@ -296,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = evidence.make_record("oracle", passed, metrics, headline,
                                reason=None if passed else f"{len(failed)} case(s) failed: {', '.join(failed[:10])}",
                                details={"rows": rows})
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     print(f"\noracle: {'PASS' if passed else 'FAIL'}: {headline} in {elapsed:.0f}s (evidence {path})")
     for g, w in worst.items():
         print(f"  {g:9s} {w['cases']:4d} cases, {w['failed']} failed, worst |d| {w['max_abs']:.2e}, "

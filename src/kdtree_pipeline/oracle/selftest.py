@@ -104,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline oracle-selftest", description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-golden", action="store_true", help="regenerate golden.pt (then review the diff)")
-    ap.add_argument("--evidence-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.write_golden:
         print(f"oracle-selftest: wrote {write_golden()}")
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = evidence.make_record("oracle-selftest", passed, metrics, headline,
                                reason=None if passed else f"failed: {', '.join(failed)}",
                                details={"rows": rows}, device=None)
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     print(f"oracle-selftest: {'PASS' if passed else 'FAIL'} (evidence {path})")
     return 0 if passed else 1
 
