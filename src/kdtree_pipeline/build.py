@@ -26,8 +26,9 @@ from kdtree_engine.kernel.build import (
 )
 from kdtree_pipeline import evidence
 
-#: what the kernel/tile choice reads of an sm_120 GPU (RTX PRO 6000 Blackwell; docs/kernel-notes.md
-#: "sm_120 facts"): CC 12.0, 188 SMs, 1536 threads, 99 KB per block, 100 KB per SM
+#: what the kernel/tile choice reads of an sm_120 GPU, the RTX PRO 6000 Blackwell: CC 12.0, 188 SMs
+#: (NVIDIA's launch specifications), and from CCCL's arch_traits.h (traits<id::sm_120>) 1536 threads,
+#: 99 KB of opt-in shared memory per block (the 100 KB of an SM less 1 KB reserved per block), 100 KB per SM
 SM120_PROPS = (12, 0, 188, 1536, 99 * 1024, 100 * 1024)
 #: tile -> the kernel function that runs it (as parse_ptxas names it)
 TILE_KERNELS = {1: "verify_attn_kernel_sm90", 2: "verify_attn_kernel_mma_qreg"}

@@ -169,7 +169,7 @@ def provenance(path: Path | str | None = None, root: Path | None = None) -> dict
     beside it the csrc/ hash it was compiled from. ``matches`` is True when that hash is
     ``root``'s csrc/ hash and the file is the one the stamp describes; False when either
     differs (a build of older sources, a file copied over the build); None when it cannot
-    tell (no such file; no stamp, as for a variant from tools/build_variant.py; a stamp
+    tell (no such file; no stamp, as for a library not built by the build gate; a stamp
     without the hashes); ``why`` says which. Reads files only: no GPU, nothing loaded."""
     root = Path(root) if root is not None else repo_root()
     p = Path(path) if path is not None else L.default_library_path(root)
@@ -210,9 +210,9 @@ def library_provenance(root: Path) -> dict[str, Any]:
 
 def runs_kernel_library(gate: str) -> bool:
     """Whether ``gate`` runs the kernel library, so that its record names which one: the
-    gates a phase runs on a GPU (pipeline.phases), and any gate no phase names. The CPU
+    gates a phase runs on a GPU (kdtree_pipeline.phases), and any gate no phase names. The CPU
     gates (``build``, ``oracle-selftest``) run none, and the plan never asks theirs
-    (pipeline.run.load_evidence checks the library of GPU gates only)."""
+    (kdtree_pipeline.run.load_evidence checks the library of GPU gates only)."""
     gates = [g for p in PHASES for g in p.gates if g.gate == gate]
     return not gates or any(g.needs_gpu for g in gates)
 
@@ -240,9 +240,9 @@ def make_record(
     several configurations of a gate (the bench gate's suite: ``micro``,
     ``long-context``); the file is then ``<gate>-<variant>.json``. ``library``: which kernel
     library the gate ran and whether this tree's csrc/ built it (``auto``:
-    :func:`kdtree_engine.kernel.library.provenance` for ``root`` where the gate runs the
+    :func:`provenance` for ``root`` where the gate runs the
     library, :func:`runs_kernel_library`, else None: a CPU gate's record hashes no library);
-    a plan records a GPU gate's proof only where it did (pipeline.run.load_evidence)."""
+    a plan records a GPU gate's proof only where it did (kdtree_pipeline.run.load_evidence)."""
     root = root or repo_root()
     commit, dirty = git_commit(root)
     if library == "auto":

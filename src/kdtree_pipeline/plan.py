@@ -223,7 +223,7 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
         "device": _device_text(record.get("device")),
         "commit": code.get("commit"),
         "content_hash": code.get("content_hash"),
-        # the kernel library the gate ran, when this tree's csrc/ built it (kernel.library.provenance)
+        # the kernel library the gate ran, when this tree's csrc/ built it (evidence.provenance)
         "library": lib.get("sha256") if isinstance(lib, dict) and lib.get("matches") else None,
         "time_utc": record.get("time_utc"),
         # the libraries the gate computes with; the rest of the record's versions describe the machine

@@ -131,7 +131,7 @@ def here_content_hash(root: Path) -> tuple[str, str]:
 def check_library(path: Path, rec: dict[str, Any]) -> None:
     """A GPU gate's record proves this tree's code only if the kernel library it ran was built
     from this tree's csrc/ (its ``library`` provenance, evidence.make_record): a variant
-    (tools/build_variant.py, KDTREE_LIB), a build of older sources or an unstamped file is
+    (a library named by KDTREE_LIB), a build of older sources or an unstamped file is
     refused, naming the library and why."""
     lib = rec.get("library")
     if not isinstance(lib, dict):

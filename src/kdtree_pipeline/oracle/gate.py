@@ -88,8 +88,10 @@ def cases() -> list[Case]:
     for s in (1, 2, 3, 17, 64, 200):
         cs.append(Case("splits", f"splits{s}", [4095], [16], 8, num_splits=s))
     cs.append(Case("splits", "prefix0-splits8", [0], [16], 8, num_splits=8))
-    # issue 16: a grid of 64 splits over prefixes that need few (the device takes what each
-    # request's length needs; one split writes the output without the combine)
+    # a grid of 64 splits over prefixes that need few, as under CUDA-graph capture where the host
+    # has no prefix lengths and sizes the grid for the most splits: on the device each request
+    # takes only the splits its length needs, and a request of one split writes the output
+    # without the combine
     cs += [
         Case("splits", "splits64-L300", [300], [16], 8, num_splits=64),
         Case("splits", "splits64-L300-N1", [300], [1], 8, num_splits=64),
