@@ -55,11 +55,9 @@ def _phase(c: Context, n: int, evidence: str, no_commit: bool, override: bool, n
         if evidence:
             result = _run.record(Path(evidence), phases=[n], commit=commit, override=override,
                                  partial=partial, root=ROOT)
-        else:
-            ev_dir = settings.get("evidence_dir")
+        else:  # the gates write to evidence.evidence_dir(): $KDTREE_EVIDENCE_DIR, else build/evidence
             result = _run.run_phase(
                 n,
-                ROOT / ev_dir if ev_dir else None,
                 commit=commit,
                 override=override,
                 no_venv=no_venv,

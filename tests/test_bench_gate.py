@@ -24,13 +24,19 @@ from kdtree_pipeline.bench.suites import Case, Suite
 from kdtree_pipeline.oracle import reference
 
 
+@pytest.fixture(autouse=True)
+def _evidence_in_tmp(tmp_path, monkeypatch):
+    """Every gate run here writes its evidence record in the test's tmp_path."""
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
+
+
 def test_bad_suite_and_systems_exit_2(capsys, tmp_path):
-    assert gate.main(["--suite", "nano", "--evidence-dir", str(tmp_path)]) == 2
+    assert gate.main(["--suite", "nano"]) == 2
     err = capsys.readouterr().err
     assert "--suite: expected one of micro, long-context, fragmentation, graph, got 'nano'" in err
-    assert gate.main(["--systems", "ours,trtllm", "--evidence-dir", str(tmp_path)]) == 2
+    assert gate.main(["--systems", "ours,trtllm"]) == 2
     assert "unknown system(s) trtllm" in capsys.readouterr().err
-    assert gate.main(["--budget-s", "-5", "--evidence-dir", str(tmp_path)]) == 2
+    assert gate.main(["--budget-s", "-5"]) == 2
     assert "--budget-s: expected a positive number" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         gate.main(["--frobnicate"])
@@ -46,7 +52,7 @@ def test_list_needs_no_gpu(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU failure")
 def test_no_cuda_fails_with_one_sentence(tmp_path, capsys):
-    assert gate.main(["--suite", "graph", "--evidence-dir", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
+    assert gate.main(["--suite", "graph", "--out", str(tmp_path / "o")]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
     rec = evidence.load_record(tmp_path / "bench-graph.json")
     assert rec["passed"] is False and rec["variant"] == "graph" and "CUDA" in rec["reason"]
@@ -172,9 +178,8 @@ def _suite(monkeypatch, targets, systems=suites.SYSTEMS, kind="compare", name="t
 
 
 def _run(tmp_path, *args):
-    code = gate.main(["--suite", "tiny", "--out", str(tmp_path / "out"), "--evidence-dir", str(tmp_path / "ev"),
-                      *args])
-    rec = evidence.load_record(tmp_path / "ev" / "bench-tiny.json")
+    code = gate.main(["--suite", "tiny", "--out", str(tmp_path / "out"), *args])
+    rec = evidence.load_record(tmp_path / "bench-tiny.json")
     return code, rec
 
 
@@ -269,7 +274,7 @@ def test_simulated_other_gpu_targets_not_applicable(fake_cuda, monkeypatch, tmp_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_suite_on_gpu(tmp_path):
     """The real gate, smallest suite (the owned kernel only)."""
-    code = gate.main(["--suite", "graph", "--out", str(tmp_path / "o"), "--evidence-dir", str(tmp_path)])
+    code = gate.main(["--suite", "graph", "--out", str(tmp_path / "o")])
     rec = evidence.load_record(tmp_path / "bench-graph.json")
     assert code == (0 if rec["passed"] else 1)
     assert all(r["status"] == "ok" for r in rec["details"]["results"]), rec["reason"]

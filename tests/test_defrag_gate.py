@@ -13,8 +13,9 @@ from kdtree_pipeline.evidence import load_record
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
-def test_gate_fails_without_gpu_and_writes_evidence(tmp_path, capsys):
-    rc = dispatch(["defrag", "--evidence-dir", str(tmp_path)])
+def test_gate_fails_without_gpu_and_writes_evidence(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
+    rc = dispatch(["defrag"])
     assert rc == 1
     rec = load_record(tmp_path / "defrag.json")
     assert rec["gate"] == "defrag" and rec["passed"] is False
@@ -90,10 +91,10 @@ def test_gate_catches_a_kernel_that_sees_the_move(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gate_passes_on_gpu_small(tmp_path):
+def test_gate_passes_on_gpu_small(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
     rc = gate.main(["--pool-tokens", "65536", "--layers", "2", "--requests", "16", "--trials", "1",
-                    "--prefix", "16384", "--rounds", "2", "--max-penalty", "0.25",
-                    "--evidence-dir", str(tmp_path)])
+                    "--prefix", "16384", "--rounds", "2", "--max-penalty", "0.25"])
     rec = json.loads((tmp_path / "defrag.json").read_text())
     assert rc == 0, rec["reason"]
     assert rec["metrics"]["verify_identical"] is True

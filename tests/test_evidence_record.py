@@ -121,3 +121,35 @@ def test_the_plan_takes_cpu_records_without_a_library_and_refuses_a_gpu_one_from
         load_evidence(p1, stale, tree)
     p0 = phase(0)
     assert load_evidence(p0, write(tmp_path / "p0", p0), tree).keys() == {"build", "oracle-selftest"}
+
+
+def test_a_record_names_nvcc_as_the_build_gate_does(tmp_path, monkeypatch):
+    """One reading of nvcc's version (kernel.build.nvcc_version) for the build and every record:
+    the nvcc the build would use (NVCC here), and None where it cannot run."""
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("NVCC", str(fake))
+    assert evidence.versions()["nvcc"] == B.nvcc_version(str(fake)) == "12.8 (V12.8.93)"
+    monkeypatch.setenv("NVCC", str(tmp_path / "no-such-nvcc"))
+    assert evidence.versions()["nvcc"] is None
+
+
+def test_the_evidence_folder_is_the_variable_else_build_evidence(tree, tmp_path, monkeypatch):
+    """One rule for where evidence goes: $KDTREE_EVIDENCE_DIR, else <root>/build/evidence; a
+    gate takes no folder argument."""
+    from kdtree_pipeline import build as build_gate
+
+    monkeypatch.delenv("KDTREE_EVIDENCE_DIR", raising=False)
+    monkeypatch.setenv("KDTREE_ROOT", str(tree))
+    assert evidence.evidence_dir() == tree / "build" / "evidence"
+    assert evidence.evidence_dir(tmp_path) == tmp_path / "build" / "evidence"
+    rec = evidence.make_record("build", True, {}, "ok", device=None, root=tree)
+    assert evidence.write_record(rec) == tree / "build" / "evidence" / "build.json"
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path / "ev"))
+    assert evidence.evidence_dir(tree) == tmp_path / "ev"
+    assert evidence.write_record(rec) == tmp_path / "ev" / "build.json"
+    with pytest.raises(SystemExit) as e:
+        build_gate.main(["--evidence-dir", str(tmp_path)])
+    assert e.value.code == 2

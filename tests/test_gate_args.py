@@ -5,6 +5,7 @@ and the build gate's headline when cuobjdump is missing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,9 @@ def test_every_suite_and_system_of_the_suites_module_is_accepted(monkeypatch):
 
 
 def test_module_entry_point_checks_before_anything(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "kdtree_pipeline", "bench", "--suite", "nope",
-                          "--evidence-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "kdtree_pipeline", "bench", "--suite", "nope"],
+                         env={**os.environ, "KDTREE_EVIDENCE_DIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "kdtree bench: --suite: expected one of" in out.stderr and "got 'nope'" in out.stderr
     assert not list(tmp_path.iterdir())  # no evidence written, no GPU looked for
@@ -55,6 +57,7 @@ def test_nox_bench_names_the_bad_suite_before_the_gpu_check():
 
 
 def test_build_headline_says_when_sass_is_not_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
     lib = tmp_path / "lib.so"
     lib.write_bytes(b"\0" * 16)
     kernels = {"sm_90a": {"k": {"registers": 100, "spill_stores": 0, "spill_loads": 0}}}
@@ -65,7 +68,7 @@ def test_build_headline_says_when_sass_is_not_counted(tmp_path, monkeypatch):
     for sass, expect in (({}, "; SASS not counted (no cuobjdump)"),
                          ({"sm_90a": {"HGMMA": 7, "HMMA": 1}}, "; SASS MMA sm_90a=8")):
         monkeypatch.setattr(build, "build", lambda a, o, f, s=sass: fake_build(a, o, f, s))
-        assert build.main(["--evidence-dir", str(tmp_path)]) == 0
+        assert build.main([]) == 0
         headline = json.loads((tmp_path / "build.json").read_text())["headline"]
         assert headline.endswith(expect), headline
 

@@ -46,8 +46,9 @@ def test_total_prefix_counts_padding():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_gate_small(tmp_path):
+def test_graph_gate_small(tmp_path, monkeypatch):
     from kdtree_pipeline.graph import gate
 
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
     # a small capacity: the replay steps' fixed prefixes (up to 23000) are capped to it
-    assert gate.main(["--max-prefix", "2048", "--evidence-dir", str(tmp_path)]) == 0
+    assert gate.main(["--max-prefix", "2048"]) == 0

@@ -330,3 +330,76 @@ def test_every_instance_of_the_sm120_kernel_is_checked(monkeypatch):
     assert problems == [] and f["registers"] == 200
     _, problems = fit(8)
     assert problems == ["verify_attn_kernel_mma_qreg<true> spills on sm_120"]
+
+
+def _gate(monkeypatch, tmp_path, log: str = "", archs=("sm_90a",), error: str | None = None, rebuilt=True):
+    """Run the build gate's main on a stand-in build of ``log`` (a BuildError when ``error``);
+    its exit code and record."""
+    import json
+
+    from kdtree_engine.kernel.build import BuildError
+
+    lib = tmp_path / "libkdtree_verify.so"
+    lib.write_bytes(b"\0" * 1000)
+
+    def fake_build(a, out, force):
+        if error:
+            raise BuildError(error)
+        return BuildResult(lib, rebuilt, list(archs), ["-O3"], "13.0 (V13.0.88)", parse_ptxas(log), {}, log)
+
+    monkeypatch.setattr(G, "build", fake_build)
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path / "ev"))
+    code = G.main([])
+    return code, json.loads((tmp_path / "ev" / "build.json").read_text())
+
+
+def test_the_build_gate_fails_on_a_compile_error_with_its_first_line(monkeypatch, tmp_path, capsys):
+    code, rec = _gate(monkeypatch, tmp_path, error="nvcc failed (exit 1):\nkernel.cu(3): error: bad")
+    assert code == 1 and rec["passed"] is False and rec["headline"] == "build failed"
+    assert rec["reason"] == "nvcc failed (exit 1):" and rec["metrics"] == {} and rec["device"] is None
+    assert capsys.readouterr().err.startswith("build: FAILED: nvcc failed (exit 1):\nkernel.cu(3): error: bad")
+
+
+def test_the_build_gate_names_the_first_reason_it_is_unfit(monkeypatch, tmp_path, capsys):
+    code, rec = _gate(monkeypatch, tmp_path, LOG.format(serial=SERIAL, spill=8))
+    assert code == 1 and rec["headline"] == "build failed"
+    assert rec["reason"] == "register spills: combine_wide_kernel<8> on sm_90a: 8 B spill stores, 8 B spill loads"
+    code, rec = _gate(monkeypatch, tmp_path, LOG.format(serial=SERIAL, spill=0))
+    assert code == 1 and rec["reason"] == (
+        "wgmma serialized by ptxas (C7514: an accumulator touched while its MMA is in flight; C7520: a pipeline "
+        "across a divergent branch): verify_attn_kernel_sm90 on sm_90a")
+    code, rec = _gate(monkeypatch, tmp_path, LOG.format(serial="", spill=0), archs=("sm_90a", "sm_100a"))
+    assert code == 1 and rec["reason"] == "ptxas reported no kernels for ['sm_100a']"
+    assert capsys.readouterr().out.splitlines()[-1].startswith(
+        "build: FAIL: ptxas reported no kernels for ['sm_100a']  (evidence ")
+
+
+def test_the_build_gate_passes_with_its_headline_metrics_and_report(monkeypatch, tmp_path, capsys):
+    log = LOG.format(serial="", spill=0)
+    code, rec = _gate(monkeypatch, tmp_path, log, rebuilt=False)
+    assert code == 0 and rec["passed"] is True and rec["reason"] is None
+    assert rec["headline"] == ("sm_90a built with nvcc 13.0 (V13.0.88); sm_90a: 168 regs max, 0 spills; "
+                               "SASS not counted (no cuobjdump)")
+    m = rec["metrics"]
+    assert m["archs"] == ["sm_90a"] and m["nvcc"] == "13.0 (V13.0.88)" and m["flags"] == ["-O3"]
+    assert m["library_bytes"] == 1000 and m["rebuilt"] is False and m["sm120_fit"] == {}
+    assert m["kernels"] == parse_ptxas(log) and m["sass"] == {}
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"build: {tmp_path / 'libkdtree_verify.so'} (up to date)"
+    assert out[1] == f"  {'sm_90a':7s} {'verify_attn_kernel_sm90':24s}  168 regs  spills 0/0 B"
+    assert out[-1] == f"build: PASS  (evidence {tmp_path / 'ev' / 'build.json'})"
+
+
+def test_the_build_gate_reports_the_sm120_fit_or_its_problems(monkeypatch, tmp_path):
+    from kdtree_engine.kernel import library as L
+
+    log = LOG.format(serial="", spill=0) + QREG_120.format(spill=0, regs=255)
+    monkeypatch.setattr(L, "Library", lambda path: _FakeLib(path))
+    code, rec = _gate(monkeypatch, tmp_path, log, archs=("sm_90a", "sm_120"))
+    assert code == 0
+    assert rec["headline"].endswith("; sm_120 tile mma.sync-64x32-qreg fits sm_120 (88.5 of 99 KB, 1 CTA/SM, "
+                                    "255 regs x 256 threads)")
+    monkeypatch.setattr(L, "Library", lambda path: _FakeLib(path, smem=120 * 1024))
+    code, rec = _gate(monkeypatch, tmp_path, log, archs=("sm_90a", "sm_120"))
+    assert code == 1 and rec["reason"].startswith("sm_120 limits: the sm_120 emulation on an H200 chooses otherwise")
+    assert "; sm_120 tile mma.sync-64x32-qreg takes 122880 B of shared memory; sm_120 allows 101376" in rec["reason"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kdtree_pipeline import evidence, plan
-from kdtree_pipeline.phases import PHASES, PhaseError, phase
+from kdtree_pipeline.phases import PHASES, VERSIONS_USED, PhaseError, phase
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
@@ -214,6 +214,36 @@ def test_same_results_on_new_times_and_commit_are_unchanged():
     plan.mark_done(after, 0, recs)
     assert not plan.keep_unchanged(before, after, 0)
     assert plan.change_of(before, after, 0).kind == "re-proved"
+
+
+def test_versions_used_name_every_gate_and_only_versions_a_record_has():
+    assert set(VERSIONS_USED) == {g.gate for p in PHASES for g in p.gates}
+    names = set(evidence.versions())
+    assert all(set(used) <= names for used in VERSIONS_USED.values()), (VERSIONS_USED, names)
+
+
+def test_the_plan_keeps_the_versions_a_gate_computes_with_and_compares_only_those():
+    env = {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "triton": "3.9.0",
+           "sglang": "0.5.23", "nvcc": "13.0 (V13.0.88)"}
+    assert plan.summarize(_record("build", versions=env))["versions"] == {"nvcc": "13.0 (V13.0.88)"}
+    assert plan.summarize(_record("oracle-selftest", versions=env))["versions"] == {"torch": "2.13.0+cpu"}
+    assert plan.summarize(_record("integrate", versions=env))["versions"] == {
+        "sglang": "0.5.23", "torch": "2.13.0+cpu", "triton": "3.9.0"}
+    # a state recorded when the plan kept every version, then the same gates in a venv without
+    # sglang and triton: the same proof
+    before = plan.new_state()
+    plan.mark_done(before, 0, {g.stem: _record(g.gate, g.variant) for g in PHASES[0].gates})
+    for g in before["phases"][0]["gates"]:
+        g["evidence"]["versions"] = {k: v for k, v in env.items() if v}
+    bare = {**env, "triton": None, "sglang": None, "python": "3.12.1"}
+    after = json.loads(plan.dump_state(before))
+    plan.mark_done(after, 0, {g.stem: _record(g.gate, g.variant, versions=bare) for g in PHASES[0].gates})
+    assert plan.keep_unchanged(before, after, 0)
+    # another torch under the reference self-test is another proof
+    after = json.loads(plan.dump_state(before))
+    plan.mark_done(after, 0, {g.stem: _record(g.gate, g.variant, versions={**bare, "torch": "2.14.0"})
+                              for g in PHASES[0].gates})
+    assert not plan.keep_unchanged(before, after, 0)
 
 
 def test_hand_edit_is_told_from_a_template_change(tmp_path):

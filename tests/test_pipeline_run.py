@@ -3,6 +3,7 @@ gate runner that writes real evidence records for the temporary tree."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -317,6 +318,44 @@ def test_repeat_with_same_results_makes_no_commit(project_repo, tmp_path):
     assert result.message == (f"Phase 0 unchanged: the evidence proves the same content hash "
                               f"({h[:12]}) with the same results as recorded; nothing to commit")
     assert _snapshot(project_repo) == before
+
+
+def _versions_but(monkeypatch, **changed: str | None) -> None:
+    """Make every record written from now on name these library versions instead (a gate run
+    in another environment: a fresh clone's nox venv has neither sglang nor triton)."""
+    real = evidence.versions
+    monkeypatch.setattr(evidence, "versions", lambda *a, **k: {**real(*a, **k), **changed})
+
+
+def test_phase0_whose_only_difference_is_an_unused_library_version_makes_no_commit(project_repo, monkeypatch):
+    """A fresh clone runs Phase 0's CPU gates in a new venv: sglang missing, another triton, another
+    Python. Neither gate computes with them, so the same content hash and results are the same
+    proof: nothing is written or committed, and the result says so."""
+    ev = project_repo / "build" / "ev"
+    run_phase(0, ev, root=project_repo, runner=FakeRunner(project_repo), no_venv=True, log=lambda s: None)
+    start, before = _count(project_repo), _snapshot(project_repo)
+    _versions_but(monkeypatch, sglang=None, triton="9.9.9", python="3.99.0")
+    result = run_phase(0, ev, root=project_repo, runner=FakeRunner(project_repo), no_venv=True,
+                       log=lambda s: None)
+    assert json.loads((ev / "build.json").read_text())["versions"]["triton"] == "9.9.9"  # the record has it
+    assert result.skipped and result.commit is None and result.unchanged == (0,)
+    assert result.message.startswith("Phase 0 unchanged: the evidence proves the same content hash")
+    assert _count(project_repo) == start and _snapshot(project_repo) == before
+
+
+def test_phase0_on_another_version_of_a_library_its_gates_use_re_proves(project_repo, monkeypatch):
+    """The build gate compiles with nvcc and the oracle self-test computes with torch: another
+    version of either is another proof, recorded in a new commit that names it."""
+    ev = project_repo / "build" / "ev"
+    run_phase(0, ev, root=project_repo, runner=FakeRunner(project_repo), no_venv=True, log=lambda s: None)
+    start = _count(project_repo)
+    _versions_but(monkeypatch, nvcc="99.1 (V99.1.7)")
+    result = run_phase(0, ev, root=project_repo, runner=FakeRunner(project_repo), no_venv=True,
+                       log=lambda s: None)
+    assert result.commit and _count(project_repo) == start + 1
+    assert result.message.startswith("plans/0002: re-prove Phase 0 on ")
+    state = plan.load_state(plan.plan_paths(project_repo)[0])
+    assert state["phases"][0]["gates"][0]["evidence"]["versions"] == {"nvcc": "99.1 (V99.1.7)"}
 
 
 def test_new_results_on_the_same_code_re_prove(project_repo, tmp_path):

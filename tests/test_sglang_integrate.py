@@ -14,8 +14,9 @@ from kdtree_pipeline.integrate import Case
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_gate_fails_with_one_clear_sentence_without_cuda(tmp_path, capsys):
-    rc = integrate.main(["--evidence-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+def test_gate_fails_with_one_clear_sentence_without_cuda(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
+    rc = integrate.main(["--out", str(tmp_path / "out")])
     assert rc == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["integrate: FAIL: the integrate gate needs a CUDA GPU and torch sees none "
@@ -170,8 +171,9 @@ def test_kit_graph_cases_compare_plugin_on_with_sglangs_own_graph_path(tmp_path)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_quick_integrate_gate_passes_on_gpu(tmp_path):
-    rc = integrate.main(["--quick", "--evidence-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+def test_quick_integrate_gate_passes_on_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDTREE_EVIDENCE_DIR", str(tmp_path))
+    rc = integrate.main(["--quick", "--out", str(tmp_path / "out")])
     rec = load_record(tmp_path / "integrate-quick.json")
     assert rc == 0, rec["reason"]
     assert rec["passed"] and rec["metrics"]["cases_ok"] == rec["metrics"]["cases"] >= 3

@@ -59,6 +59,14 @@ def test_invoke_phase0_records_one_commit_touching_only_plans(project_repo):
     assert _snapshot(project_repo) == before
 
 
+def test_invoke_phase0_gates_write_where_the_variable_says(project_repo, tmp_path):
+    ev = tmp_path / "elsewhere"
+    out = invoke(project_repo, "phase0", "--no-commit", KDTREE_EVIDENCE_DIR=str(ev))
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in ev.iterdir()) == ["build.json", "oracle-selftest.json"]
+    assert not (project_repo / "build" / "evidence").exists()
+
+
 def test_invoke_status_lists_stale_phases(project_repo):
     assert invoke(project_repo, "phase0").returncode == 0
     old = evidence.content_hash(project_repo)

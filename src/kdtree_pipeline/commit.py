@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
@@ -91,6 +91,76 @@ def _write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+@dataclass
+class _Before:
+    """The plan files, the index and HEAD before a write, and the folders the write made:
+    what :meth:`restore` puts back when the write or the commit fails."""
+
+    files: dict[Path, bytes | None]
+    repo: git.Repo | None
+    index_path: Path | None
+    index: bytes | None
+    head: str | None
+    made_dirs: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def take(cls, repo: git.Repo | None, paths: list[Path]) -> _Before:
+        files = {p: (p.read_bytes() if p.exists() else None) for p in paths}
+        index_path = Path(repo.index.path) if repo is not None else None
+        index = index_path.read_bytes() if index_path and index_path.exists() else None
+        head = repo.head.commit.hexsha if repo is not None and repo.head.is_valid() else None
+        return cls(files, repo, index_path, index, head)
+
+    def restore(self) -> None:
+        for p, data in self.files.items():
+            if data is None:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            else:
+                p.write_bytes(data)
+        for d in reversed(self.made_dirs):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if self.repo is None:
+            return
+        if self.index_path is not None:
+            if self.index is None:
+                self.index_path.unlink(missing_ok=True)
+            else:
+                self.index_path.write_bytes(self.index)
+        now = self.repo.head.commit.hexsha if self.repo.head.is_valid() else None
+        if now != self.head and self.head is not None:
+            self.repo.head.reset(self.head, index=False, working_tree=False)
+
+
+def _write_files(contents: dict[Path, bytes], made_dirs: list[Path]) -> None:
+    """Write each file atomically, making its folders (appended to ``made_dirs``, outermost first)."""
+    for p, data in contents.items():
+        missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        made_dirs += [d for d in reversed(missing) if d not in made_dirs]
+        _write_atomic(p, data)
+
+
+def _commit_files(repo: git.Repo, rel: list[str], message: str, changed: bool) -> CommitResult:
+    """Commit exactly ``rel``; skipped when none of them differs from HEAD (a commit would change nothing)."""
+    if repo.head.is_valid() and not repo.git.status("--porcelain", "--", *rel):
+        return CommitResult(None, changed, skipped=True)
+    index = repo.index
+    index.add(rel)
+    new = index.commit(message)
+    return CommitResult(new.hexsha, changed, skipped=False)
+
+
+def _hook_failed(e: git.HookExecutionError) -> CommitError:
+    hook = Path(str(e.command[0])).name if e.command else "?"
+    detail = " ".join(_hook_output(e).split())
+    return CommitError(
+        f"git hook {hook} failed (exit {e.status}), so the plan was not committed and the "
+        f"plan files and history are as they were{': ' + detail if detail else ''}"
+    )
+
+
 def write_and_commit(
     root: Path,
     contents: dict[Path, str | bytes],
@@ -102,65 +172,23 @@ def write_and_commit(
     files. On any error the files, the index and HEAD are restored and
     :class:`CommitError` is raised."""
     root = root.resolve()
-    paths = [Path(p).resolve() for p in contents]
+    data = {Path(p).resolve(): _data(c) for p, c in contents.items()}
+    paths = list(data)
     repo = preflight(root, paths) if commit else None
-    before = {p: (p.read_bytes() if p.exists() else None) for p in paths}
-    index_path = Path(repo.index.path) if repo is not None else None
-    index_before = index_path.read_bytes() if index_path and index_path.exists() else None
-    head_before = repo.head.commit.hexsha if repo is not None and repo.head.is_valid() else None
-    changed = any(before[Path(p).resolve()] != _data(c) for p, c in contents.items())
-
-    def restore() -> None:
-        for p, data in before.items():
-            if data is None:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-            else:
-                p.write_bytes(data)
-        for d in reversed(made_dirs):
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        if repo is None:
-            return
-        if index_path is not None:
-            if index_before is None:
-                index_path.unlink(missing_ok=True)
-            else:
-                index_path.write_bytes(index_before)
-        now = repo.head.commit.hexsha if repo.head.is_valid() else None
-        if now != head_before and head_before is not None:
-            repo.head.reset(head_before, index=False, working_tree=False)
-
-    made_dirs: list[Path] = []
-
+    before = _Before.take(repo, paths)
+    changed = any(before.files[p] != d for p, d in data.items())
     try:
-        for p, content in zip(paths, contents.values(), strict=True):
-            missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
-            p.parent.mkdir(parents=True, exist_ok=True)
-            made_dirs += [d for d in reversed(missing) if d not in made_dirs]
-            _write_atomic(p, _data(content))
+        _write_files(data, before.made_dirs)
         if repo is None:
             return CommitResult(None, changed, skipped=False)
-        rel = _rel(root, paths)
-        # Nothing differs from HEAD: a commit would change nothing.
-        if repo.head.is_valid() and not repo.git.status("--porcelain", "--", *rel):
-            return CommitResult(None, changed, skipped=True)
-        index = repo.index
-        index.add(rel)
-        new = index.commit(message)
-        return CommitResult(new.hexsha, changed, skipped=False)
+        return _commit_files(repo, _rel(root, paths), message, changed)
     except git.HookExecutionError as e:
-        restore()
-        hook = Path(str(e.command[0])).name if e.command else "?"
-        detail = " ".join(_hook_output(e).split())
-        raise CommitError(
-            f"git hook {hook} failed (exit {e.status}), so the plan was not committed and the "
-            f"plan files and history are as they were{': ' + detail if detail else ''}"
-        ) from None
+        before.restore()
+        raise _hook_failed(e) from None
     except (git.GitError, OSError, ValueError) as e:
-        restore()
+        before.restore()
         raise CommitError(f"git commit of the plan failed; plan files and history left as they "
                           f"were: {type(e).__name__}: {e}") from None
     except BaseException:
-        restore()
+        before.restore()
         raise

@@ -354,7 +354,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--heads", type=_positive, default=8)
     ap.add_argument("--rounds", type=_positive, default=5, help="interleaved timing rounds per layout")
     ap.add_argument("--max-penalty", type=float, default=0.05)
-    ap.add_argument("--evidence-dir", default=None)
     return ap
 
 
@@ -447,7 +446,7 @@ def main(argv: list[str]) -> int:
     else:
         headline = f"defrag gate failed: {reason}"
     record = make_record(GATE, passed, metrics, headline, reason=reason, details=details)
-    path = write_record(record, args.evidence_dir)
+    path = write_record(record)
     print(("PASS " if passed else "FAIL ") + headline)
     if reason and metrics:
         print(f"reason: {reason}")

@@ -14,12 +14,11 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from kdtree_engine.kernel import library as L
-from kdtree_engine.kernel.build import csrc_hash, file_sha256
+from kdtree_engine.kernel.build import BuildError, csrc_hash, file_sha256, find_nvcc, nvcc_version
 from kdtree_pipeline.phases import PHASES, record_name
 
 SCHEMA = 1
@@ -114,19 +113,19 @@ def _version(mod: str) -> str | None:
         return None
 
 
-def nvcc_version() -> str | None:
+def _nvcc_version() -> str | None:
+    """The version of the nvcc the build gate would use, as it records it ("13.0 (V13.0.88)"),
+    or None on a machine without a working one."""
     try:
-        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
+        return nvcc_version(find_nvcc())
+    except BuildError:
         return None
-    for line in out.stdout.splitlines():
-        if "release" in line:
-            return line.split("release", 1)[1].strip().split(",")[0]
-    return None
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of what a gate's result depends on."""
+    """Versions of the libraries on this machine that a gate may compute with (None: absent).
+    The record keeps them all; the plan keeps, and compares, only those its gate uses
+    (:data:`kdtree_pipeline.phases.VERSIONS_USED`)."""
     torch_v = cuda_v = None
     try:
         import torch
@@ -141,7 +140,7 @@ def versions() -> dict[str, str | None]:
         "cuda": cuda_v,
         "triton": _version("triton"),
         "sglang": _version("sglang"),
-        "nvcc": nvcc_version(),
+        "nvcc": _nvcc_version(),
     }
 
 
@@ -211,9 +210,9 @@ def library_provenance(root: Path) -> dict[str, Any]:
 
 def runs_kernel_library(gate: str) -> bool:
     """Whether ``gate`` runs the kernel library, so that its record names which one: the
-    gates a phase runs on a GPU (pipeline.phases), and any gate no phase names. The CPU
+    gates a phase runs on a GPU (kdtree_pipeline.phases), and any gate no phase names. The CPU
     gates (``build``, ``oracle-selftest``) run none, and the plan never asks theirs
-    (pipeline.run.load_evidence checks the library of GPU gates only)."""
+    (kdtree_pipeline.run.load_evidence checks the library of GPU gates only)."""
     gates = [g for p in PHASES for g in p.gates if g.gate == gate]
     return not gates or any(g.needs_gpu for g in gates)
 
@@ -241,9 +240,9 @@ def make_record(
     several configurations of a gate (the bench gate's suite: ``micro``,
     ``long-context``); the file is then ``<gate>-<variant>.json``. ``library``: which kernel
     library the gate ran and whether this tree's csrc/ built it (``auto``:
-    :func:`kdtree_engine.kernel.library.provenance` for ``root`` where the gate runs the
+    :func:`provenance` for ``root`` where the gate runs the
     library, :func:`runs_kernel_library`, else None: a CPU gate's record hashes no library);
-    a plan records a GPU gate's proof only where it did (pipeline.run.load_evidence)."""
+    a plan records a GPU gate's proof only where it did (kdtree_pipeline.run.load_evidence)."""
     root = root or repo_root()
     commit, dirty = git_commit(root)
     if library == "auto":
@@ -269,17 +268,18 @@ def make_record(
     }
 
 
-def evidence_dir(directory: Path | str | None = None) -> Path:
-    if directory is not None:
-        return Path(directory)
+def evidence_dir(root: Path | None = None) -> Path:
+    """Where the gates write their evidence and a phase reads it: ``$KDTREE_EVIDENCE_DIR``,
+    else ``<root>/build/evidence`` (``root``: :func:`repo_root`). This is the one rule: a gate
+    takes no folder argument, and ``invoke phaseN`` sets the variable for the gates it runs."""
     env = os.environ.get("KDTREE_EVIDENCE_DIR")
-    return Path(env) if env else repo_root() / "build" / "evidence"
-
+    return Path(env) if env else (root or repo_root()) / "build" / "evidence"
 
 
 def write_record(record: dict[str, Any], directory: Path | str | None = None) -> Path:
-    """Write ``<dir>/<gate>[-<variant>].json`` atomically and return its path."""
-    d = evidence_dir(directory)
+    """Write ``<directory>/<gate>[-<variant>].json`` atomically and return its path
+    (``directory``: :func:`evidence_dir` unless given)."""
+    d = Path(directory) if directory is not None else evidence_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{record_name(record['gate'], record.get('variant'))}.json"
     tmp = path.with_suffix(".json.tmp")
@@ -288,7 +288,7 @@ def write_record(record: dict[str, Any], directory: Path | str | None = None) ->
     return path
 
 
-def refuse_without_cuda(gate: str, directory: Path | str | None = None, *, variant: str | None = None,
+def refuse_without_cuda(gate: str, *, variant: str | None = None,
                         metrics: dict[str, Any] | None = None) -> int | None:
     """A GPU gate on a machine without CUDA: print why, write a failing record and
     return the exit code 1 (a gate never passes by skipping); None when a GPU is visible."""
@@ -300,8 +300,7 @@ def refuse_without_cuda(gate: str, directory: Path | str | None = None, *, varia
         return None
     msg = f"the {gate} gate needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False)"
     print(f"{gate}: FAILED: {msg}", file=sys.stderr)
-    write_record(make_record(gate, False, metrics or {}, "not run: no CUDA GPU", reason=msg, variant=variant),
-                 directory)
+    write_record(make_record(gate, False, metrics or {}, "not run: no CUDA GPU", reason=msg, variant=variant))
     return 1
 
 

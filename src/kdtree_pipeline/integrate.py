@@ -243,7 +243,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None, help="folder for worker outputs (default build/integrate)")
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} and the kit checks")
     p.add_argument("--timeout", type=float, default=1500.0, help="seconds per worker process")
-    p.add_argument("--evidence-dir", type=Path, default=None)
     args = p.parse_args(argv)
     from kdtree_pipeline.evidence import make_record, repo_root, write_record
 
@@ -251,15 +250,14 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         reason = "the integrate gate needs a CUDA GPU and torch sees none (torch.cuda.is_available() is False)"
         print(f"integrate: FAIL: {reason}")
-        write_record(make_record(GATE, False, {}, "not run: no CUDA GPU", reason=reason, device=None),
-                     args.evidence_dir)
+        write_record(make_record(GATE, False, {}, "not run: no CUDA GPU", reason=reason, device=None))
         return 1
     t0 = time.time()
     how, failure = run_off_on(out, args.quick, args.timeout)
     if failure:
         print(f"integrate: FAIL: {failure}")
         write_record(make_record(GATE, False, {}, "worker failed", reason=failure,
-                                 details={"entry_point": how}), args.evidence_dir)
+                                 details={"entry_point": how}))
         return 1
     passed, problems, details = compare_runs(out / "off", out / "on")
     cases = details["cases"]
@@ -284,7 +282,7 @@ def main(argv: list[str]) -> int:
     details.update(entry_point=how, problems=problems, seconds=round(time.time() - t0, 1), quick=args.quick)
     record = make_record(GATE, passed, metrics, headline, reason="; ".join(problems[:5]) or None,
                          variant="quick" if args.quick else None, details=_jsonable(details))
-    path = write_record(record, args.evidence_dir)
+    path = write_record(record)
     print(f"integrate: {'PASS' if passed else 'FAIL'}: {headline}")
     print(f"{'case':40s} {'off us':>10s} {'on us':>10s} {'x':>7s}  ok")
     for n, c in cases.items():

@@ -9,6 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: Per gate, the libraries it computes its result with: the entries of an evidence record's
+#: ``versions`` (kdtree_pipeline.evidence.versions) that are part of what the gate proved. The
+#: others describe the machine it happened to run on: a fresh clone's gate venv has no sglang or
+#: triton, and the build gate (nvcc) or the reference self-test (torch) is the same proof without
+#: them. The Python version changes no figure a gate computes. A gate not listed here counts every
+#: version (the safe side for a new gate).
+VERSIONS_USED: dict[str, tuple[str, ...]] = {
+    "build": ("nvcc",),
+    "oracle-selftest": ("torch",),
+    "oracle": ("torch", "cuda"),
+    "bench": ("torch", "cuda", "triton", "sglang"),  # its peers are SGLang's triton kernels
+    "integrate": ("torch", "cuda", "triton", "sglang"),  # SGLang's TritonAttnBackend, plugin on vs off
+    "smoke": ("torch", "cuda", "triton", "sglang"),
+    "graph": ("torch", "cuda"),
+    "defrag": ("torch", "cuda"),
+}
+
+
+def versions_used(gate: str, versions: dict[str, str | None]) -> dict[str, str]:
+    """The versions ``gate`` computes with (:data:`VERSIONS_USED`), sorted by name, without
+    the libraries that are absent (None or empty)."""
+    used = VERSIONS_USED.get(gate)
+    return {k: v for k, v in sorted(versions.items()) if v and (used is None or k in used)}
+
 
 def record_name(gate: str, variant: str | None = None) -> str:
     """``oracle`` -> ``oracle``; (``bench``, ``micro``) -> ``bench-micro``: the evidence file stem."""

@@ -26,7 +26,7 @@ from typing import Any
 import jinja2
 
 from kdtree_pipeline import evidence
-from kdtree_pipeline.phases import PHASES, Phase
+from kdtree_pipeline.phases import PHASES, Phase, versions_used
 
 PLAN_ID = "0002"
 PLAN_STEM = "0002-sm120-verify-kernel-defrag"
@@ -93,6 +93,37 @@ def new_state() -> dict[str, Any]:
     }
 
 
+def _upgraded_evidence(ev: Any, where: str) -> dict[str, Any] | None:
+    """A gate's recorded summary with the fields later schemas added (defaults) and no
+    machine-local metric; None stays None."""
+    if ev is None:
+        return None
+    if not isinstance(ev, dict):
+        raise PlanError(f"{where} evidence must be an object or null")
+    ev = dict(ev)
+    ev["metrics"] = local_free_metrics(ev.get("metrics") or {}, None)
+    ev.setdefault("plots", [])  # schema 1 kept no plot names
+    ev.setdefault("versions", {})
+    ev.setdefault("library", None)  # recorded before records named their library
+    return ev
+
+
+def _take_phase(old: Any, new: dict[str, Any], i: int, where: str) -> None:
+    """Copy phase ``i``'s recorded fields from the loaded ``old`` into the table's ``new`` entry."""
+    if not isinstance(old, dict) or old.get("number") != i:
+        raise PlanError(f"{where}: phases[{i}] must be an object with number {i}")
+    if old.get("status") not in STATUSES:
+        raise PlanError(f"{where}: phase {i} status {old.get('status')!r}, expected one of {list(STATUSES)}")
+    for key in ("status", "date", "gpu"):
+        new[key] = old.get(key)
+    new["override"] = bool(old.get("override", False))
+    new["override_missing"] = list(old.get("override_missing") or [])
+    old_gates = {g.get("name"): g for g in old.get("gates") or [] if isinstance(g, dict)}
+    for g in new["gates"]:
+        g["evidence"] = _upgraded_evidence(old_gates.get(g["name"], {}).get("evidence"),
+                                           f"{where}: phase {i} gate {g['name']}")
+
+
 def _check_state(state: Any, where: str) -> dict[str, Any]:
     """Validate a loaded state and bring its phase definitions in line with the table,
     keeping the recorded fields (a schema-1 state is upgraded: its per-phase
@@ -108,27 +139,7 @@ def _check_state(state: Any, where: str) -> dict[str, Any]:
     for key in ("head_content_hash", "markdown_sha256"):
         fresh[key] = state.get(key)
     for i, (old, new) in enumerate(zip(phases, fresh["phases"], strict=True)):
-        if not isinstance(old, dict) or old.get("number") != i:
-            raise PlanError(f"{where}: phases[{i}] must be an object with number {i}")
-        status = old.get("status")
-        if status not in STATUSES:
-            raise PlanError(f"{where}: phase {i} status {status!r}, expected one of {list(STATUSES)}")
-        for key in ("status", "date", "gpu"):
-            new[key] = old.get(key)
-        new["override"] = bool(old.get("override", False))
-        new["override_missing"] = list(old.get("override_missing") or [])
-        old_gates = {g.get("name"): g for g in old.get("gates") or [] if isinstance(g, dict)}
-        for g in new["gates"]:
-            ev = old_gates.get(g["name"], {}).get("evidence")
-            if ev is not None and not isinstance(ev, dict):
-                raise PlanError(f"{where}: phase {i} gate {g['name']} evidence must be an object or null")
-            if ev is not None:
-                ev = dict(ev)
-                ev["metrics"] = local_free_metrics(ev.get("metrics") or {}, None)
-                ev.setdefault("plots", [])  # schema 1 kept no plot names
-                ev.setdefault("versions", {})
-                ev.setdefault("library", None)  # recorded before records named their library
-            g["evidence"] = ev
+        _take_phase(old, new, i, where)
     return fresh
 
 
@@ -196,48 +207,64 @@ def _local_free_text(text: str, root: str | None) -> str:
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
     """The part of an evidence record the plan keeps: pass/fail, headline, up to
     eight scalar metrics (machine-local paths made relative or left out), device,
-    commit, content hash, time, versions, the names of its plots and the bench
+    commit, content hash, time, the versions of the libraries the gate computes with
+    (:func:`kdtree_pipeline.phases.versions_used`), the names of its plots and the bench
     gate's markdown table when it carries one."""
     root = record.get("root")
-    metrics = record.get("metrics") or {}
-    key_metrics = {k: metrics[k] for k in sorted(metrics) if _is_scalar(metrics[k])}
-    key_metrics = local_free_metrics(key_metrics, root)
-    key_metrics = dict(list(key_metrics.items())[:MAX_KEY_METRICS])
-    dev = record.get("device")
-    if isinstance(dev, dict) and dev.get("name"):
-        device = f"{dev['name']} (sm {dev.get('capability', '?')})"
-    else:
-        device = "none (CPU)"
     code = record.get("code") or {}
-    details = record.get("details") or {}
-    table = details.get("markdown_table") if isinstance(details, dict) else None
-    files = details.get("files") if isinstance(details, dict) else None
-    pngs = files.get("png") if isinstance(files, dict) else None
-    plots = sorted({Path(str(p)).name for p in pngs}) if isinstance(pngs, list) else []
+    details = record.get("details") if isinstance(record.get("details"), dict) else {}
+    lib = record.get("library")
+    table = details.get("markdown_table")
     return {
         "passed": bool(record.get("passed")),
         "headline": _local_free_text(str(record.get("headline") or ""), root),
         "reason": record.get("reason"),
-        "metrics": key_metrics,
-        "device": device,
+        "metrics": _key_metrics(record.get("metrics") or {}, root),
+        "device": _device_text(record.get("device")),
         "commit": code.get("commit"),
         "content_hash": code.get("content_hash"),
-        # the kernel library the gate ran, when this tree's csrc/ built it (kernel.library.provenance)
-        "library": lib.get("sha256") if isinstance(lib := record.get("library"), dict) and lib.get("matches") else None,
+        # the kernel library the gate ran, when this tree's csrc/ built it (evidence.provenance)
+        "library": lib.get("sha256") if isinstance(lib, dict) and lib.get("matches") else None,
         "time_utc": record.get("time_utc"),
-        "versions": {k: v for k, v in sorted((record.get("versions") or {}).items()) if v},
-        "plots": plots,
+        # the libraries the gate computes with; the rest of the record's versions describe the machine
+        "versions": versions_used(str(record.get("gate")), record.get("versions") or {}),
+        "plots": _plot_names(details),
         "markdown_table": table.strip() if isinstance(table, str) and table.strip() else None,
     }
 
 
-def result_key(summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a gate's summary proved, without when, from which commit or how long
-    it took: two summaries with the same key record the same result."""
+def _key_metrics(metrics: dict[str, Any], root: str | None) -> dict[str, Any]:
+    """The first :data:`MAX_KEY_METRICS` scalar metrics by name, machine-local paths made relative
+    to ``root`` or left out."""
+    scalars = local_free_metrics({k: metrics[k] for k in sorted(metrics) if _is_scalar(metrics[k])}, root)
+    return dict(list(scalars.items())[:MAX_KEY_METRICS])
+
+
+def _device_text(dev: Any) -> str:
+    if isinstance(dev, dict) and dev.get("name"):
+        return f"{dev['name']} (sm {dev.get('capability', '?')})"
+    return "none (CPU)"
+
+
+def _plot_names(details: dict[str, Any]) -> list[str]:
+    """The file names of the PNG plots a record's details list (the bench gate's)."""
+    files = details.get("files")
+    pngs = files.get("png") if isinstance(files, dict) else None
+    return sorted({Path(str(p)).name for p in pngs}) if isinstance(pngs, list) else []
+
+
+def result_key(summary: dict[str, Any] | None, gate: str | None = None) -> dict[str, Any] | None:
+    """What a gate's summary proved: pass/fail, content hash, headline, metrics, device and the
+    versions of the libraries ``gate`` computes with (:func:`versions_used`; every version when
+    ``gate`` is None), without when, from which commit or how long it took, nor the versions of
+    libraries the gate does not use (a summary recorded before the plan kept only those names
+    them all). Two summaries with the same key record the same result."""
     if summary is None:
         return None
     key = {k: v for k, v in summary.items() if k not in RUN_FIELDS}
     key["metrics"] = {k: v for k, v in (summary.get("metrics") or {}).items() if k not in RUN_METRICS}
+    versions = summary.get("versions") or {}
+    key["versions"] = versions_used(gate, versions) if gate else {k: v for k, v in versions.items() if v}
     key.setdefault("plots", [])
     return key
 
@@ -247,7 +274,7 @@ def phase_key(entry: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": entry["status"],
         "override_missing": entry["override_missing"] if entry["override"] else [],
-        "gates": {g["name"]: result_key(g["evidence"]) for g in entry["gates"]},
+        "gates": {g["name"]: result_key(g["evidence"], g["session"]) for g in entry["gates"]},
     }
 
 
@@ -265,10 +292,10 @@ def mark_done(
     entry = state["phases"][number]
     for g in entry["gates"]:
         g["evidence"] = summarize(records[g["name"]]) if g["name"] in records else None
-    times = sorted(r.get("time_utc") or "" for r in records.values())
-    gpus = sorted({s["evidence"]["device"] for s in entry["gates"] if s["needs_gpu"] and s["evidence"]})
     entry["status"] = "done" if all(g["evidence"] for g in entry["gates"]) else "in progress"
-    entry["date"] = times[-1][:10] if times and times[-1] else None
+    latest = max((r.get("time_utc") or "" for r in records.values()), default="")
+    entry["date"] = latest[:10] or None
+    gpus = sorted({s["evidence"]["device"] for s in entry["gates"] if s["needs_gpu"] and s["evidence"]})
     entry["gpu"] = ", ".join(gpus) if gpus else "none (CPU)"
     entry["override"] = bool(override_missing)
     entry["override_missing"] = sorted(override_missing or [])
@@ -544,23 +571,27 @@ def hand_edited(state: dict[str, Any], plan_text: str | None, templates_dir: Pat
     return plan_text != committed_text
 
 
+def _status_rows(r: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per gate of the phase row ``r`` (:func:`phase_rows`); the phase's columns on its first."""
+    p = r["p"]
+    status = p["status"] + (" (override)" if p["override"] else "")
+    lead = (f"{p['number']} {p['title']}", status, ", ".join(r["commits"]) or "-", ", ".join(r["hashes"]) or "-",
+            r["current"])
+    rows = []
+    for i, g in enumerate(p["gates"]):
+        ev = g["evidence"]
+        result = "-" if ev is None else ("pass" if ev["passed"] else "FAIL")
+        rows.append((*(lead if i == 0 else ("",) * 5), g["name"], result, "" if ev is None else ev["headline"]))
+    return rows
+
+
 def status_table(state: dict[str, Any], head_hash: str | None = None, note: str = "") -> str:
     """A plain-text table of phases and gates for ``invoke status``: per phase the
     commit and content hash its evidence ran on and whether that hash is
     ``head_hash`` (the code here), then the phases that need re-proving."""
     rows = [("phase", "status", "commit", "content hash", "current", "gate", "result", "headline")]
     for r in phase_rows(state, head_hash):
-        p = r["p"]
-        first = True
-        for g in p["gates"]:
-            ev = g["evidence"]
-            result = "-" if ev is None else ("pass" if ev["passed"] else "FAIL")
-            head = "" if ev is None else ev["headline"]
-            status = p["status"] + (" (override)" if p["override"] else "")
-            lead = (f"{p['number']} {p['title']}", status, ", ".join(r["commits"]) or "-",
-                    ", ".join(r["hashes"]) or "-", r["current"]) if first else ("",) * 5
-            rows.append((*lead, g["name"], result, head))
-            first = False
+        rows += _status_rows(r)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
              for r in rows]

@@ -80,14 +80,6 @@ REFUSALS: tuple[type[Exception], ...] = (
 )
 
 
-def default_evidence_dir(root: Path, given: Path | str | None = None) -> Path:
-    """``given``, else ``$KDTREE_EVIDENCE_DIR``, else ``<root>/build/evidence``."""
-    if given is not None:
-        return Path(given)
-    env = os.environ.get("KDTREE_EVIDENCE_DIR")
-    return Path(env) if env else root / "build" / "evidence"
-
-
 def cuda_available() -> bool:
     try:
         import torch
@@ -199,6 +191,36 @@ class Selection:
     skipped: list[str]
 
 
+def _present(p: Phase, evidence_dir: Path) -> list[str]:
+    """The stems of the phase's gates that have a record in the folder."""
+    return [g.stem for g in p.gates if (evidence_dir / f"{g.stem}.json").exists()]
+
+
+def _take_incomplete(p: Phase, present: list[str], state: dict[str, Any], partial: bool) -> tuple[bool, str | None]:
+    """Whether a phase with records for only some of its gates (``present``) is recorded from
+    the folder (``partial``, and the phase is not done), and when it has some but is not, why."""
+    if not present:
+        return False, None
+    lacking = ", ".join(f"{g.stem}.json" for g in p.gates if g.stem not in present)
+    if not partial:
+        return False, f"phase {p.number}: not recorded, {lacking} missing (--partial records part of a phase)"
+    if state["phases"][p.number]["status"] == "done":
+        return False, (f"phase {p.number}: not recorded, it is done and {lacking} missing here "
+                       "(--partial does not reopen a done phase; name it to do so)")
+    return True, None
+
+
+def _load_some(p: Phase, evidence_dir: Path, root: Path, partial: bool) -> dict[str, dict[str, Any]]:
+    """:func:`load_evidence`, refusing a phase none of whose gates has a record there."""
+    records = load_evidence(p, evidence_dir, root, allow_missing=partial)
+    if not records:
+        raise PipelineError(
+            f"phase {p.number}: no evidence in {evidence_dir} for any of its gates "
+            f"({', '.join(g.stem for g in p.gates)}); nothing to record"
+        )
+    return records
+
+
 def select_evidence(evidence_dir: Path, root: Path, state: dict[str, Any], *,
                     phases: list[int] | None = None, partial: bool = False) -> Selection:
     """``phases`` given: exactly those (every gate's record required unless ``partial``).
@@ -207,27 +229,15 @@ def select_evidence(evidence_dir: Path, root: Path, state: dict[str, Any], *,
     not reopened by part of its evidence)."""
     chosen: dict[int, dict[str, dict[str, Any]]] = {}
     skipped: list[str] = []
-    numbers = phases if phases is not None else [p.number for p in PHASES]
-    for n in numbers:
+    for n in phases if phases is not None else [p.number for p in PHASES]:
         p = phase(n)
-        present = [g.stem for g in p.gates if (evidence_dir / f"{g.stem}.json").exists()]
+        present = _present(p, evidence_dir)
         if phases is None and len(present) < len(p.gates):
-            if not present:
+            take, why = _take_incomplete(p, present, state, partial)
+            skipped += [why] if why else []
+            if not take:
                 continue
-            lacking = ", ".join(f"{g.stem}.json" for g in p.gates if g.stem not in present)
-            if not partial:
-                skipped.append(f"phase {n}: not recorded, {lacking} missing (--partial records part of a phase)")
-                continue
-            if state["phases"][n]["status"] == "done":
-                skipped.append(f"phase {n}: not recorded, it is done and {lacking} missing here "
-                               "(--partial does not reopen a done phase; name it to do so)")
-                continue
-        chosen[n] = load_evidence(p, evidence_dir, root, allow_missing=partial)
-        if not chosen[n]:
-            raise PipelineError(
-                f"phase {p.number}: no evidence in {evidence_dir} for any of its gates "
-                f"({', '.join(g.stem for g in p.gates)}); nothing to record"
-            )
+        chosen[n] = _load_some(p, evidence_dir, root, partial)
     if not chosen:
         stems = ", ".join(f"{s}.json" for s in all_gate_stems())
         why = "; ".join(skipped) if skipped else f"none of {stems} is there"
@@ -306,6 +316,20 @@ def check_not_hand_edited(root: Path, state: dict[str, Any]) -> None:
         )
 
 
+def _name_plots(entry: dict[str, Any], found: dict[str, dict[str, Path]]) -> None:
+    """Put the names of the plots found for each gate (:func:`_plots`) in its summary."""
+    for g in entry["gates"]:
+        if g["evidence"] is not None:
+            g["evidence"]["plots"] = sorted(found.get(g["name"], {}))
+
+
+def _unchanged_message(before: dict[str, Any], unchanged: list[int]) -> str:
+    done = ", ".join(f"Phase {n}" for n in unchanged)
+    hashes = sorted({h[:12] for n in unchanged for h in plan.phase_hashes(before["phases"][n])})
+    return (f"{done} unchanged: the evidence proves the same content hash "
+            f"({', '.join(hashes)}) with the same results as recorded; nothing to commit")
+
+
 def record(
     evidence_dir: Path | str | None = None,
     *,
@@ -328,7 +352,7 @@ def record(
     if commit:
         _commit.preflight(root, [state_path, plan_path])
     check_not_hand_edited(root, before)
-    ev_dir = default_evidence_dir(root, evidence_dir)
+    ev_dir = Path(evidence_dir) if evidence_dir is not None else evidence.evidence_dir(root)
     sel = select_evidence(ev_dir, root, before, phases=phases, partial=partial)
     after = copy.deepcopy(before)
     after["head_content_hash"] = evidence.content_hash(root)
@@ -339,31 +363,24 @@ def record(
         missing = check_predecessors(after, phase(n), override)
         plan.mark_done(after, n, records, override_missing=missing)  # in progress if any is missing
         found = _plots(records, ev_dir)
-        for g in after["phases"][n]["gates"]:
-            if g["evidence"] is not None:
-                g["evidence"]["plots"] = sorted(found.get(g["name"], {}))
+        _name_plots(after["phases"][n], found)
         if plan.keep_unchanged(before, after, n):
             unchanged.append(n)
             continue
         changes.append(plan.change_of(before, after, n))
-        for files in found.values():
-            for name, src in files.items():
-                figures[plan_path.parent / plan.PLOTS_DIR / name] = src.read_bytes()
-    notes = [*sel.skipped]
+        figures.update({plan_path.parent / plan.PLOTS_DIR / name: src.read_bytes()
+                        for files in found.values() for name, src in files.items()})
+    notes = tuple(sel.skipped)
     if not changes:
-        done = ", ".join(f"Phase {n}" for n in unchanged)
-        hashes = sorted({h[:12] for n in unchanged for h in plan.phase_hashes(before["phases"][n])})
-        message = (f"{done} unchanged: the evidence proves the same content hash "
-                   f"({', '.join(hashes)}) with the same results as recorded; nothing to commit")
         return PhaseResult(phases[0] if phases and len(phases) == 1 else None, state_path, plan_path,
-                           None, True, message, tuple(unchanged), tuple(notes))
+                           None, True, _unchanged_message(before, unchanged), tuple(unchanged), notes)
     message = plan.commit_message(after, changes, unchanged)
     state_text, md_text = plan.render_files(after, root / "templates")
     result = _commit.write_and_commit(
         root, {state_path: state_text, plan_path: md_text, **figures}, message, commit=commit
     )
     return PhaseResult(changes[0].number if len(changes) == 1 else None, state_path, plan_path,
-                       result.commit, result.skipped, message, tuple(unchanged), tuple(notes))
+                       result.commit, result.skipped, message, tuple(unchanged), notes)
 
 
 def record_phase(
@@ -399,7 +416,7 @@ def run_phase(
     when all pass record the phase (:func:`record_phase`)."""
     p = phase(n)
     root = (root or evidence.repo_root()).resolve()
-    ev_dir = default_evidence_dir(root, evidence_dir)
+    ev_dir = Path(evidence_dir) if evidence_dir is not None else evidence.evidence_dir(root)
     no_venv = no_venv_default() if no_venv is None else no_venv
     state_path, plan_path = plan.plan_paths(root)
     # A gate that cannot run fails the phase; nothing else is worth checking then.

@@ -2,7 +2,7 @@
 
     python -m kdtree_pipeline bench [--suite micro|long-context|fragmentation|graph]
         [--systems ours,sglang-extend,sglang-splitkv,flashmla] [--out DIR]
-        [--budget-s S] [--evidence-dir DIR] [--list]
+        [--budget-s S] [--list]
 
 Per suite (:mod:`kdtree_pipeline.bench.suites`): measure the GPU's copy bandwidth
 and bf16 matmul rate (:mod:`~kdtree_pipeline.bench.roofline`), then for every
@@ -351,7 +351,6 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: build/bench/ under the project root)")
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the suite in seconds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--evidence-dir", type=Path, default=None)
     ap.add_argument("--list", action="store_true", help="list the suite's cases and exit")
     return ap
 
@@ -397,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(suite.cases)} cases; systems {', '.join(systems)}; targets {', '.join(suite.targets) or '-'}")
         return 0
 
-    rc = evidence.refuse_without_cuda(GATE, args.evidence_dir, variant=suite.name, metrics={"suite": suite.name})
+    rc = evidence.refuse_without_cuda(GATE, variant=suite.name, metrics={"suite": suite.name})
     if rc is not None:
         return rc
 
@@ -428,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     })
     rec = evidence.make_record(GATE, passed, report_mod.json_safe(_metrics(suite, run, out_dir)), head,
                                reason=reason, variant=suite.name, details=details)
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     _say("")
     _say(report_mod.main_table(rep))
     _say("")

@@ -183,12 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline graph", description=__doc__.splitlines()[0])
     ap.add_argument("--max-prefix", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--evidence-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.max_prefix < 64:
         print("graph: --max-prefix must be at least 64", file=sys.stderr)
         return 2
-    rc = evidence.refuse_without_cuda("graph", args.evidence_dir)
+    rc = evidence.refuse_without_cuda("graph")
     if rc is not None:
         return rc
     t0 = time.monotonic()
@@ -197,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a crash fails the gate with its text
         msg = f"{type(e).__name__}: {e}"
         print(f"graph: FAILED: {msg}", file=sys.stderr)
-        evidence.write_record(evidence.make_record("graph", False, {}, "graph gate crashed", reason=msg),
-                              args.evidence_dir)
+        evidence.write_record(evidence.make_record("graph", False, {}, "graph gate crashed", reason=msg))
         return 1
     for r in rows:
         print(f"  {'ok  ' if r['passed'] else 'FAIL'} {r['check']}"
@@ -210,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r["check"] for r in rows if not r["passed"]]
     rec = evidence.make_record("graph", passed, metrics, headline,
                                reason=None if passed else "failed: " + "; ".join(failed), details={"rows": rows})
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     print(f"graph: {'PASS' if passed else 'FAIL'}: {headline} ({time.monotonic() - t0:.0f}s, evidence {path})")
     return 0 if passed else 1
 

@@ -23,10 +23,10 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
+from kdtree_engine.kernel import library
 from kdtree_pipeline import evidence
 from kdtree_pipeline.oracle import compare, reference, workloads
 
@@ -88,8 +88,10 @@ def cases() -> list[Case]:
     for s in (1, 2, 3, 17, 64, 200):
         cs.append(Case("splits", f"splits{s}", [4095], [16], 8, num_splits=s))
     cs.append(Case("splits", "prefix0-splits8", [0], [16], 8, num_splits=8))
-    # issue 16: a grid of 64 splits over prefixes that need few (the device takes what each
-    # request's length needs; one split writes the output without the combine)
+    # a grid of 64 splits over prefixes that need few, as under CUDA-graph capture where the host
+    # has no prefix lengths and sizes the grid for the most splits: on the device each request
+    # takes only the splits its length needs, and a request of one split writes the output
+    # without the combine
     cs += [
         Case("splits", "splits64-L300", [300], [16], 8, num_splits=64),
         Case("splits", "splits64-L300-N1", [300], [1], 8, num_splits=64),
@@ -192,117 +194,191 @@ def default_targets(device_index: int = 0) -> list[str]:
     return ["native", "sm_120"] if (major, minor) >= (9, 0) and major != 12 else ["native"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline oracle", description=__doc__.splitlines()[0])
     ap.add_argument("--groups", default=None, help="comma list of case groups (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--targets", default=None,
                     help="comma list of native, sm_120 (default: native, and sm_120 emulation on CC >= 9.0)")
-    ap.add_argument("--evidence-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _names(arg: str) -> list[str]:
+    return [x.strip() for x in arg.split(",") if x.strip()]
+
+
+def select_cases(groups: str | None) -> list[Case]:
+    """The cases of the groups in ``groups`` (a comma list; every case when None or empty);
+    ValueError naming the unknown groups and the known ones."""
     all_cases = cases()
-    groups = sorted({c.group for c in all_cases})
-    if args.groups:
-        want = [g.strip() for g in args.groups.split(",") if g.strip()]
-        bad = [g for g in want if g not in groups]
-        if bad:
-            print(f"oracle: unknown group(s) {bad}; expected some of {groups}", file=sys.stderr)
-            return 2
-        all_cases = [c for c in all_cases if c.group in want]
-    from kdtree_engine.kernel.op import TARGETS
+    if not groups:
+        return all_cases
+    known = sorted({c.group for c in all_cases})
+    want = _names(groups)
+    bad = [g for g in want if g not in known]
+    if bad:
+        raise ValueError(f"unknown group(s) {bad}; expected some of {known}")
+    return [c for c in all_cases if c.group in want]
 
-    targets = None
-    if args.targets:
-        targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-        bad = [t for t in targets if t not in TARGETS]
-        if bad or not targets:
-            print(f"oracle: --targets: unknown target(s) {bad or args.targets!r}; expected some of {list(TARGETS)}",
-                  file=sys.stderr)
-            return 2
-    if args.list:
-        for c in all_cases:
-            print(f"{c.group:9s} {c.name}")
-        print(f"{len(all_cases)} cases")
-        return 0
 
-    rc = evidence.refuse_without_cuda("oracle", args.evidence_dir)
-    if rc is not None:
-        return rc
-    device = torch.device("cuda")
+def parse_targets(arg: str | None) -> list[str] | None:
+    """The targets of ``--targets`` (None when not given: :func:`default_targets` decides once a
+    GPU is there); ValueError naming the unknown ones, or the argument when it names none."""
+    if not arg:
+        return None
+    targets = _names(arg)
+    bad = [t for t in targets if t not in library.TARGETS]
+    if bad or not targets:
+        raise ValueError(f"--targets: unknown target(s) {bad or arg!r}; expected some of {list(library.TARGETS)}")
+    return targets
+
+
+class NotRun(RuntimeError):
+    """The cases could not run (no kernel library, a target the GPU lacks); ``headline`` is the
+    record's, the message its reason."""
+
+    def __init__(self, reason: str, headline: str) -> None:
+        super().__init__(reason)
+        self.headline = headline
+
+
+def load_library():
     try:
-        from kdtree_engine.kernel import library
-
-        lib = library.load()
+        return library.load()
     except Exception as e:  # missing library, wrong ABI
-        msg = f"cannot load the kernel library: {e}"
-        print(f"oracle: FAILED: {msg}", file=sys.stderr)
-        evidence.write_record(evidence.make_record("oracle", False, {}, "not run: no kernel library", reason=msg),
-                              args.evidence_dir)
-        return 1
+        raise NotRun(f"cannot load the kernel library: {e}", "not run: no kernel library") from None
 
-    targets = targets or default_targets(torch.cuda.current_device())
+
+def kernel_names(lib, targets: list[str]) -> dict[str, str]:
+    """target -> the kernel the library runs for it on this GPU."""
     kernels = {}
     for t in targets:
         try:
-            kernels[t] = lib.kernel_name(torch.cuda.current_device(), TARGETS[t])
+            kernels[t] = lib.kernel_name(torch.cuda.current_device(), library.TARGETS[t])
         except Exception as e:  # e.g. sm_120 emulation asked of a GPU below CC 9.0
             msg = f"target {t}: {e}"
-            print(f"oracle: FAILED: {msg}", file=sys.stderr)
-            evidence.write_record(evidence.make_record("oracle", False, {}, f"not run: {msg}", reason=msg),
-                                  args.evidence_dir)
-            return 1
+            raise NotRun(msg, f"not run: {msg}") from None
+    return kernels
+
+
+def _run_or_crash(c: Case, seed: int, device: torch.device, target: str) -> dict:
+    try:
+        return run_case(c, seed, device, target)
+    except Exception as e:  # a crash is a failed case, reported with its text
+        r = {"target": target, "group": c.group, "case": c.name, "passed": False,
+             "error": f"{type(e).__name__}: {e}"}
+        torch.cuda.synchronize()
+        return r
+
+
+def _case_line(c: Case, r: dict) -> str:
+    status = "ok " if r["passed"] else "FAIL"
+    if "max_abs" in r:
+        detail = f"max|d|={r['max_abs']:.2e} cos={r['cos_diff']:.1e} lse={r['lse_max_abs'] or 0:.1e}"
+    else:
+        detail = r.get("error", "")
+    return f"  {status} {r['target']:6s} {c.group:9s} {c.name:22s} " + detail
+
+
+def run_all(chosen: list[Case], kernels: dict[str, str], seed: int, device: torch.device) -> list[dict]:
+    """Every case on every target (in ``kernels``' order), printing a line per case; case i
+    is seeded ``seed + i`` on each target."""
     rows = []
-    t0 = time.monotonic()
-    for t in targets:
-        print(f"oracle: target {t}: {kernels[t]}", flush=True)
-        for i, c in enumerate(all_cases):
-            try:
-                r = run_case(c, args.seed + i, device, t)
-            except Exception as e:  # a crash is a failed case, reported with its text
-                r = {"target": t, "group": c.group, "case": c.name, "passed": False,
-                     "error": f"{type(e).__name__}: {e}"}
-                torch.cuda.synchronize()
-            rows.append(r)
-            status = "ok " if r["passed"] else "FAIL"
-            print(f"  {status} {t:6s} {c.group:9s} {c.name:22s} "
-                  + (f"max|d|={r['max_abs']:.2e} cos={r['cos_diff']:.1e} lse={r['lse_max_abs'] or 0:.1e}"
-                     if "max_abs" in r else r.get("error", "")), flush=True)
-    elapsed = time.monotonic() - t0
+    for t, kernel in kernels.items():
+        print(f"oracle: target {t}: {kernel}", flush=True)
+        for i, c in enumerate(chosen):
+            rows.append(_run_or_crash(c, seed + i, device, t))
+            print(_case_line(c, rows[-1]), flush=True)
+    return rows
+
+
+def _group_worst(rows: list[dict]) -> dict:
+    """Count, failures and the worst errors of one group's rows (a crashed case, which has no
+    errors, counts as an infinite one)."""
+    return {
+        "cases": len(rows),
+        "failed": sum(not r["passed"] for r in rows),
+        "max_abs": max((r.get("max_abs", float("inf")) for r in rows), default=0.0),
+        "cos_diff": max((r.get("cos_diff", float("inf")) for r in rows), default=0.0),
+        "lse_max_abs": max(((r.get("lse_max_abs") or 0.0) if "max_abs" in r else float("inf") for r in rows),
+                           default=0.0),
+    }
+
+
+def worst_per_group(rows: list[dict], targets: list[str]) -> dict[str, dict]:
+    """``group`` (one target) or ``target/group`` -> :func:`_group_worst` of its rows."""
     worst = {}
     for key in sorted({(r["target"], r["group"]) for r in rows}):
-        gr = [r for r in rows if (r["target"], r["group"]) == key]
-        g = key[1] if len(targets) == 1 else f"{key[0]}/{key[1]}"
-        worst[g] = {
-            "cases": len(gr),
-            "failed": sum(not r["passed"] for r in gr),
-            "max_abs": max((r.get("max_abs", float("inf")) for r in gr), default=0.0),
-            "cos_diff": max((r.get("cos_diff", float("inf")) for r in gr), default=0.0),
-            "lse_max_abs": max(((r.get("lse_max_abs") or 0.0) if "max_abs" in r else float("inf") for r in gr),
-                               default=0.0),
-        }
-    failed = [f"{r['target']}/{r['group']}/{r['case']}" for r in rows if not r["passed"]]
-    passed = not failed and len(rows) > 0
+        name = key[1] if len(targets) == 1 else f"{key[0]}/{key[1]}"
+        worst[name] = _group_worst([r for r in rows if (r["target"], r["group"]) == key])
+    return worst
+
+
+def per_target(rows: list[dict], kernels: dict[str, str]) -> dict[str, dict]:
+    return {t: {"kernel": k, "cases": sum(r["target"] == t for r in rows),
+                "passed": sum(r["target"] == t and r["passed"] for r in rows)} for t, k in kernels.items()}
+
+
+def headline_of(targets: dict[str, dict], worst: dict[str, dict]) -> str:
     worst_abs = max((w["max_abs"] for w in worst.values()), default=0.0)
     worst_cos = max((w["cos_diff"] for w in worst.values()), default=0.0)
-    per_target = {t: {"kernel": kernels[t], "cases": sum(r["target"] == t for r in rows),
-                      "passed": sum(r["target"] == t and r["passed"] for r in rows)} for t in targets}
-    headline = ("; ".join(f"{v['passed']}/{v['cases']} {t} ({v['kernel']})" for t, v in per_target.items())
-                + f" within bf16 tolerance; worst |d| {worst_abs:.1e}, cos_diff {worst_cos:.1e}")
-    metrics = {"cases": len(rows), "failed": len(failed), "targets": per_target, "worst_per_group": worst,
-               "seconds": round(elapsed, 1), "library_archs": lib.archs,
+    return ("; ".join(f"{v['passed']}/{v['cases']} {t} ({v['kernel']})" for t, v in targets.items())
+            + f" within bf16 tolerance; worst |d| {worst_abs:.1e}, cos_diff {worst_cos:.1e}")
+
+
+def record_results(rows: list[dict], kernels: dict[str, str], archs: list[str], elapsed: float) -> int:
+    """Write the gate's record from its rows, print the verdict and the worst per group; the
+    exit code (0 when every case passed)."""
+    worst = worst_per_group(rows, list(kernels))
+    failed = [f"{r['target']}/{r['group']}/{r['case']}" for r in rows if not r["passed"]]
+    passed = not failed and len(rows) > 0
+    targets = per_target(rows, kernels)
+    headline = headline_of(targets, worst)
+    metrics = {"cases": len(rows), "failed": len(failed), "targets": targets, "worst_per_group": worst,
+               "seconds": round(elapsed, 1), "library_archs": archs,
                "tolerance": {"atol": compare.ATOL, "rtol": compare.RTOL, "cos_diff": compare.COS_DIFF_MAX,
                              "lse_atol": compare.LSE_ATOL}}
     rec = evidence.make_record("oracle", passed, metrics, headline,
                                reason=None if passed else f"{len(failed)} case(s) failed: {', '.join(failed[:10])}",
                                details={"rows": rows})
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     print(f"\noracle: {'PASS' if passed else 'FAIL'}: {headline} in {elapsed:.0f}s (evidence {path})")
     for g, w in worst.items():
         print(f"  {g:9s} {w['cases']:4d} cases, {w['failed']} failed, worst |d| {w['max_abs']:.2e}, "
               f"cos {w['cos_diff']:.1e}, lse {w['lse_max_abs']:.1e}")
     return 0 if passed else 1
 
+
+def _list(chosen: list[Case]) -> int:
+    for c in chosen:
+        print(f"{c.group:9s} {c.name}")
+    print(f"{len(chosen)} cases")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        chosen, targets = select_cases(args.groups), parse_targets(args.targets)
+    except ValueError as e:
+        print(f"oracle: {e}", file=sys.stderr)
+        return 2
+    if args.list:
+        return _list(chosen)
+    rc = evidence.refuse_without_cuda("oracle")
+    if rc is not None:
+        return rc
+    try:
+        lib = load_library()
+        kernels = kernel_names(lib, targets or default_targets(torch.cuda.current_device()))
+    except NotRun as e:
+        print(f"oracle: FAILED: {e}", file=sys.stderr)
+        evidence.write_record(evidence.make_record("oracle", False, {}, e.headline, reason=str(e)))
+        return 1
+    t0 = time.monotonic()
+    rows = run_all(chosen, kernels, args.seed, torch.device("cuda"))
+    return record_results(rows, kernels, lib.archs, time.monotonic() - t0)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -67,7 +67,16 @@ def write_golden(path: Path = GOLDEN, seed: int = 1234) -> Path:
     return path
 
 
-def run(seed: int = 0) -> tuple[bool, dict, list[dict]]:
+#: fp32 against float64 of the same math: far tighter than the bf16 tolerance
+SELF_ATOL = 1e-4
+
+
+def _close(d: compare.Diff) -> bool:
+    return d.nonfinite == 0 and d.max_abs < SELF_ATOL and (d.lse_max_abs or 0.0) < SELF_ATOL
+
+
+def _ref_vs_loop(seed: int) -> list[dict]:
+    """The vectorised fp32 reference against the float64 loop on every case."""
     rows = []
     for case in CASES:
         b = _batch(case, seed)
@@ -75,24 +84,31 @@ def run(seed: int = 0) -> tuple[bool, dict, list[dict]]:
         lo, ll = reference.verify_attention_loop(b.q, b.k_ext, b.kv_buffer, b.qo_indptr, b.kv_indptr,
                                                  b.kv_indices, b.parents, b.sm_scale)
         d = compare.compare(out, lo, lse, ll)
-        # fp32 vs float64 of the same math: far tighter than the bf16 tolerance
-        ok = d.nonfinite == 0 and d.max_abs < 1e-4 and (d.lse_max_abs or 0.0) < 1e-4
         rows.append({"check": "ref-vs-loop", "case": case[0], "max_abs": d.max_abs,
-                     "lse_max_abs": d.lse_max_abs, "passed": ok})
+                     "lse_max_abs": d.lse_max_abs, "passed": _close(d)})
+    return rows
+
+
+def _golden() -> tuple[list[dict], str | None]:
+    """The reference against the golden vectors; the rows and the golden file's sha256
+    (a failing row and None when the file is missing)."""
     if not GOLDEN.is_file():
-        rows.append({"check": "golden", "case": str(GOLDEN), "passed": False, "error": "golden file missing"})
-        golden_sha = None
-    else:
-        golden_sha = hashlib.sha256(GOLDEN.read_bytes()).hexdigest()
-        data = torch.load(GOLDEN, weights_only=True)
-        for name, g in data.items():
-            out, lse = reference.verify_attention_ref(
-                g["q"], g["k_ext"], g["kv_buffer"], g["qo_indptr"], g["kv_indptr"], g["kv_indices"],
-                g["custom_mask"], g["mask_indptr"], float(g["sm_scale"]))
-            d = compare.compare(out, g["out"], lse, g["lse"])
-            ok = d.nonfinite == 0 and d.max_abs < 1e-4 and (d.lse_max_abs or 0.0) < 1e-4
-            rows.append({"check": "golden", "case": name, "max_abs": d.max_abs, "lse_max_abs": d.lse_max_abs,
-                         "passed": ok})
+        return [{"check": "golden", "case": str(GOLDEN), "passed": False, "error": "golden file missing"}], None
+    rows = []
+    for name, g in torch.load(GOLDEN, weights_only=True).items():
+        out, lse = reference.verify_attention_ref(
+            g["q"], g["k_ext"], g["kv_buffer"], g["qo_indptr"], g["kv_indptr"], g["kv_indices"],
+            g["custom_mask"], g["mask_indptr"], float(g["sm_scale"]))
+        d = compare.compare(out, g["out"], lse, g["lse"])
+        rows.append({"check": "golden", "case": name, "max_abs": d.max_abs, "lse_max_abs": d.lse_max_abs,
+                     "passed": _close(d)})
+    return rows, hashlib.sha256(GOLDEN.read_bytes()).hexdigest()
+
+
+def run(seed: int = 0) -> tuple[bool, dict, list[dict]]:
+    rows = _ref_vs_loop(seed)
+    golden_rows, golden_sha = _golden()
+    rows += golden_rows
     passed = all(r["passed"] for r in rows) and len(rows) > len(CASES)
     worst = max((r.get("max_abs") or 0.0) for r in rows)
     metrics = {"cases": len(rows), "passed_cases": sum(r["passed"] for r in rows), "worst_max_abs": worst,
@@ -104,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdtree_pipeline oracle-selftest", description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-golden", action="store_true", help="regenerate golden.pt (then review the diff)")
-    ap.add_argument("--evidence-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.write_golden:
         print(f"oracle-selftest: wrote {write_golden()}")
@@ -118,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = evidence.make_record("oracle-selftest", passed, metrics, headline,
                                reason=None if passed else f"failed: {', '.join(failed)}",
                                details={"rows": rows}, device=None)
-    path = evidence.write_record(rec, args.evidence_dir)
+    path = evidence.write_record(rec)
     print(f"oracle-selftest: {'PASS' if passed else 'FAIL'} (evidence {path})")
     return 0 if passed else 1
 
