@@ -4,14 +4,18 @@
 # order. Evidence goes to /tmp/ev, bench reports to /tmp/bench, the integrate gate's worker
 # logs to /tmp/integrate-logs; all three come back as $OUT/results.tgz, packed again after
 # every step (the device tool returns only a few files from $OUT, so one archive, not many).
-#   carry: .site build/lib      usage: bash tools/gpu_session.sh <commit> step...
+#   carry: .site build/lib (the smoke step: .live/live.tar.xz build/lib)
+#   usage: bash tools/gpu_session.sh <commit> step...
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
 # checkout's and can name another commit, which would mislabel every evidence record.
-# steps: oracle oracle-quick integrate graph defrag bench-micro bench-long bench-frag bench-graph gpu-tests
+# steps: oracle oracle-quick integrate graph defrag bench-micro bench-long bench-frag bench-graph gpu-tests smoke
 # env:   ORACLE_GROUPS, ORACLE_TARGETS (oracle: the case groups and targets to run; default all),
 #        STEP_TIMEOUT (seconds for each oracle step, default 1200), BENCH_BUDGET (bench-micro,
-#        bench-long, bench-frag: the suite's time budget in seconds, default 300)
+#        bench-long, bench-frag: the suite's time budget in seconds, default 300),
+#        SMOKE_ARGS (smoke: more flags, e.g. "--launches off-eager,on-eager --budget-s 500"),
+#        LIVE_SITE (smoke: the live bundle, default .live/live.tar.xz; on a warm machine the folder
+#        /tmp/smoke/site a first call unpacked serves a second call that carries no bundle)
 # Bring the evidence back and record it on the CPU machine: invoke record --evidence <dir>/ev.
 set -uo pipefail
 commit=$1; shift
@@ -19,7 +23,10 @@ commit=$1; shift
 # so that results.tgz holds only what these steps wrote. Two invocations in one device
 # command: copy the first one's files to $OUT before the second.
 rm -rf /tmp/ev /tmp/bench /tmp/integrate-logs
-mkdir -p /tmp/site /tmp/ev /tmp/bench && tar -xJf .site/site.tar.xz -C /tmp/site
+mkdir -p /tmp/site /tmp/ev /tmp/bench
+# the gates' bundle (SGLang 0.5.23 for the peers and the integrate gate, FlashMLA); the smoke
+# step's server takes its own (.live), so a call that runs only the smoke carries no .site
+[ -f .site/site.tar.xz ] && tar -xJf .site/site.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 KDTREE_GIT_COMMIT=$commit KDTREE_EVIDENCE_DIR=/tmp/ev
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "from kdtree_engine.kernel import library; l = library.load(); print('library', l.path, l.archs, l.kernel_name(0))" || {
@@ -33,7 +40,8 @@ ORACLE_ARGS="${ORACLE_GROUPS:+--groups $ORACLE_GROUPS} ${ORACLE_TARGETS:+--targe
 BENCH="python3 -m kdtree_pipeline bench --out /tmp/bench --budget-s ${BENCH_BUDGET:-300} --suite"
 GPU_TESTS="tests/test_kernel_op.py tests/test_kernel_op_serving.py tests/test_graph.py tests/test_defrag_gate.py
   tests/test_bench_gpu.py tests/test_sglang_integrate.py tests/test_sglang_plugin.py tests/test_sglang_fallback.py"
-pack() { tar -czf "${OUT:-/tmp}/results.tgz" -C /tmp ev bench $(cd /tmp && ls -d integrate-logs 2>/dev/null) 2>/dev/null; }
+pack() { tar -czf "${OUT:-/tmp}/results.tgz" -C /tmp ev bench $(cd /tmp && ls -d integrate-logs 2>/dev/null) \
+  $(cd /tmp && ls smoke/*.json smoke/*.log 2>/dev/null) 2>/dev/null; }
 trap pack EXIT
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
@@ -52,6 +60,8 @@ for step in "$@"; do
     bench-frag) $BENCH fragmentation ;;
     bench-graph) python3 -m kdtree_pipeline bench --suite graph --out /tmp/bench ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS ;;
+    smoke) # SGLang 0.5.17 serving through the plugin; resumable: run the same step again to go on
+           python3 -m kdtree_pipeline smoke --out /tmp/smoke --site ${LIVE_SITE:-.live/live.tar.xz} ${SMOKE_ARGS:-} ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "=== $step rc=$?"

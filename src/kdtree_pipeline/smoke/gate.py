@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"also: {', '.join(n for n in live.LAUNCHES if n not in live.DEFAULT_LAUNCHES)})")
     p.add_argument("--out", type=Path, default=None, help="the run's folder (default build/smoke)")
     p.add_argument("--site", type=Path, default=None,
-                   help="the live bundle, .live/live.tar.xz (tools/live_site.py), unpacked into --out")
+                   help="the live bundle, .live/live.tar.xz (tools/live_site.py), unpacked into --out; or a "
+                   "folder it was unpacked into")
     p.add_argument("--layers", type=int, default=4, help="main layers of the generated model (>= 2)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no launch when less than the slowest one so far is left of this many seconds")
@@ -103,7 +104,7 @@ def why_cannot_run(site: Path) -> str | None:
             return "the smoke gate starts SGLang on a GPU and torch sees no CUDA device here"
     except ImportError:
         return "the smoke gate writes its model with torch, which is not importable here"
-    if not site.is_file():
+    if not (site.is_file() or (site / "sglang").is_dir()):
         return (f"no live bundle at {site}: make it with `python3 tools/live_site.py` (SGLang 0.5.17, its kernels "
                 "and pins for the GPU host) and carry it")
     return None
@@ -220,7 +221,7 @@ def main(argv: list[str]) -> int:
         print(f"smoke: FAILED: {why}", file=sys.stderr)
         evidence.write_record(evidence.make_record(GATE, False, {}, "not run", reason=why))
         return 1
-    site_dir = live.prepare_site(site, out / "site")
+    site_dir = site if site.is_dir() else live.prepare_site(site, out / "site")
     spec = M.ModelSpec(layers=args.layers)
     print(f"smoke: model {M.write(out / 'model', spec)}", flush=True)
     run = live.Run(out, out / "model", [site_dir], root=root, port=args.port, ready_timeout=args.ready_timeout,
@@ -248,15 +249,15 @@ def main(argv: list[str]) -> int:
                            for m, c in ev["comparisons"].items()},
                "model": {"layers": spec.layers, "heads": spec.heads, "bytes": M.nbytes(spec)},
                "sglang": (results.get("on-eager") or next(iter(results.values()))).checks.get("spec", {}).get("version")}
+    table = markdown(ev["speed"], ev["comparisons"], gpu)
     record = evidence.make_record(
         GATE, passed, metrics, headline(ev, results, gpu) if passed else "live smoke failed",
         reason=None if passed else "; ".join(ev["problems"])[:2000],
-        details={"launches": {n: {k: v for k, v in vars(r).items()} for n, r in results.items()},
-                 "comparisons": ev["comparisons"]},
+        details={"launches": {n: dict(vars(r)) for n, r in results.items()}, "comparisons": ev["comparisons"],
+                 "markdown_table": table},
     )
-    record["markdown_table"] = markdown(ev["speed"], ev["comparisons"], gpu)
     path = evidence.write_record(record)
-    print(record["markdown_table"])
+    print(table)
     print(f"smoke: {'PASS: ' + record['headline'] if passed else 'FAIL: ' + record['reason']}\n  evidence: {path}")
     return 0 if passed else 1
 

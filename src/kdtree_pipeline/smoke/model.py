@@ -224,6 +224,8 @@ def write(out_dir: Path, spec: ModelSpec, *, device: str | None = None,
             weight_map[name] = fname
         save_file(out, str(out_dir / fname), metadata={"format": "pt"})
         del out
+    if device != "cpu":
+        torch.cuda.empty_cache()  # the servers this process starts get the memory back
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": nbytes(spec)}, "weight_map": weight_map}, indent=1) + "\n")
     stamp_file.write_text(json.dumps(want, indent=1) + "\n")
