@@ -117,7 +117,7 @@ def test_readme_setup_facts_are_the_scripts(tmp_path):
 def _nox_sessions() -> set[str]:
     text = (PROJECT / "noxfile.py").read_text()
     names = set()
-    for deco, func in re.findall(r"@nox\.session(\([^)]*\))?\s*\ndef (\w+)", text):
+    for deco, func in re.findall(r"@nox\.session(\([^)]*\))?\s*\n(?:@[^\n]*\n)*def (\w+)", text):
         m = re.search(r'name="([^"]+)"', deco)
         names.add(m.group(1) if m else func)
     return names
