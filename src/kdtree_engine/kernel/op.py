@@ -27,7 +27,8 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from kdtree_engine.kernel import library
-from kdtree_engine.kernel.library import TARGETS, VerifyArgumentError, _err, resolve_target
+from kdtree_engine.kernel.errors import VerifyArgumentError, argument_error
+from kdtree_engine.kernel.library import TARGETS, resolve_target
 
 __all__ = ["TARGETS", "VerifyArgumentError", "VerifyPlan", "resolve_target", "verify_attention"]
 
@@ -184,7 +185,7 @@ class VerifyPlan:
         # an int is a CUDA ordinal; a device without an index is the current one
         dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
         if dev.type != "cuda":
-            raise _err("device", "a CUDA device for the plan", str(dev))
+            raise argument_error("device", "a CUDA device for the plan", str(dev))
         dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
         lib = library.load()
         if not lib.has_plan:
@@ -208,9 +209,9 @@ def _describe_plan_key(key: tuple[int, ...] | None) -> str:
 
 def _check_dtype(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
     if not isinstance(t, torch.Tensor):
-        raise _err(name, "a torch.Tensor", type(t).__name__)
+        raise argument_error(name, "a torch.Tensor", type(t).__name__)
     if t.dtype not in dtypes:
-        raise _err(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
+        raise argument_error(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
 
 
 def _latent_rows(name: str, t: torch.Tensor) -> tuple[int, int]:
@@ -219,7 +220,7 @@ def _latent_rows(name: str, t: torch.Tensor) -> tuple[int, int]:
         return t.shape[0], t.stride(0)
     if t.dim() == 2 and t.shape[1] == HEAD_DIM:
         return t.shape[0], t.stride(0)
-    raise _err(name, f"shape [rows, 1, {HEAD_DIM}] or [rows, {HEAD_DIM}]", list(t.shape))
+    raise argument_error(name, f"shape [rows, 1, {HEAD_DIM}] or [rows, {HEAD_DIM}]", list(t.shape))
 
 
 def _has_memory(t: torch.Tensor) -> bool:
@@ -234,22 +235,22 @@ def _has_memory(t: torch.Tensor) -> bool:
 def _check_rows(name: str, t: torch.Tensor, row_strides: Sequence[int]) -> None:
     """Last dim contiguous, 16-byte aligned rows (the kernel moves 16 bytes at a time)."""
     if t.stride(-1) != 1:
-        raise _err(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
+        raise argument_error(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
     if t.numel() and _has_memory(t) and t.data_ptr() % 16:
-        raise _err(name, "a 16-byte aligned data pointer", f"address {t.data_ptr():#x}")
+        raise argument_error(name, "a 16-byte aligned data pointer", f"address {t.data_ptr():#x}")
     for s in row_strides:
         if s % 8:
-            raise _err(name, "row strides that are multiples of 8 elements (16 bytes)", list(t.stride()))
+            raise argument_error(name, "row strides that are multiples of 8 elements (16 bytes)", list(t.stride()))
 
 
 def _check_index(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], length: int | None) -> None:
     _check_dtype(name, t, dtypes)
     if t.dim() != 1:
-        raise _err(name, "a 1-D tensor", f"shape {list(t.shape)}")
+        raise argument_error(name, "a 1-D tensor", f"shape {list(t.shape)}")
     if length is not None and t.numel() != length:
-        raise _err(name, f"{length} elements (batch size + 1)", t.numel())
+        raise argument_error(name, f"{length} elements (batch size + 1)", t.numel())
     if not t.is_contiguous():
-        raise _err(name, "a contiguous tensor", f"strides {list(t.stride())}")
+        raise argument_error(name, "a contiguous tensor", f"strides {list(t.stride())}")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -294,43 +295,43 @@ def check_arguments(
     """Every check that needs no device read; raises :class:`VerifyArgumentError`."""
     _check_dtype("q", q, (torch.bfloat16,))
     if q.dim() != 3 or q.shape[2] != HEAD_DIM:
-        raise _err("q", f"shape [tokens, heads, {HEAD_DIM}]", list(q.shape))
+        raise argument_error("q", f"shape [tokens, heads, {HEAD_DIM}]", list(q.shape))
     T, H = q.shape[0], q.shape[1]
     if not 1 <= H <= MAX_HEADS:
-        raise _err("q", f"1..{MAX_HEADS} heads (q.shape[1])", H)
+        raise argument_error("q", f"1..{MAX_HEADS} heads (q.shape[1])", H)
     _check_rows("q", q, (q.stride(0), q.stride(1)))
 
     if draft_slots is not None:  # the drafts' latents are read from the pool at these slots
         _check_index("draft_slots", draft_slots, (torch.int64, torch.int32), None)
         if draft_slots.numel() != T:
-            raise _err("draft_slots", f"{T} slot ids (one per draft token, as q.shape[0])", draft_slots.numel())
+            raise argument_error("draft_slots", f"{T} slot ids (one per draft token, as q.shape[0])", draft_slots.numel())
         if k_ext is not None:
-            raise _err("k_ext", "None when draft_slots is given (the drafts come from one of them)", "a tensor")
+            raise argument_error("k_ext", "None when draft_slots is given (the drafts come from one of them)", "a tensor")
     else:
         if k_ext is None:
-            raise _err("k_ext", "the drafts' latents [T, 1, 576] (or draft_slots: their slots in kv_buffer)", None)
+            raise argument_error("k_ext", "the drafts' latents [T, 1, 576] (or draft_slots: their slots in kv_buffer)", None)
         _check_dtype("k_ext", k_ext, (torch.bfloat16,))
         rows, k_st = _latent_rows("k_ext", k_ext)
         if rows != T:
-            raise _err("k_ext", f"{T} rows (one latent per draft token, as q.shape[0])", rows)
+            raise argument_error("k_ext", f"{T} rows (one latent per draft token, as q.shape[0])", rows)
         _check_rows("k_ext", k_ext, (k_st,))
 
     _check_dtype("kv_buffer", kv_buffer, (torch.bfloat16,))
     pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
     if pool < 1:
-        raise _err("kv_buffer", "at least one slot (slot 0 is the padding slot)", pool)
+        raise argument_error("kv_buffer", "at least one slot (slot 0 is the padding slot)", pool)
     _check_rows("kv_buffer", kv_buffer, (kv_st,))
 
     _check_dtype("qo_indptr", qo_indptr, (torch.int32, torch.int64))
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
-        raise _err("qo_indptr", "a 1-D tensor of batch size + 1 >= 1 elements", list(qo_indptr.shape))
+        raise argument_error("qo_indptr", "a 1-D tensor of batch size + 1 >= 1 elements", list(qo_indptr.shape))
     bs = qo_indptr.numel() - 1
     # The batch size comes from qo_indptr; when kv_indptr and mask_indptr agree on another
     # length, qo_indptr is the odd one out and the error names it.
     others = {t.numel() for t in (kv_indptr, mask_indptr) if isinstance(t, torch.Tensor) and t.dim() == 1}
     if len(others) == 1 and qo_indptr.numel() not in others:
         n = others.pop()
-        raise _err("qo_indptr", f"{n} elements (batch size + 1, as kv_indptr and mask_indptr have)",
+        raise argument_error("qo_indptr", f"{n} elements (batch size + 1, as kv_indptr and mask_indptr have)",
                    qo_indptr.numel())
     _check_index("qo_indptr", qo_indptr, (torch.int32, torch.int64), bs + 1)
     _check_index("kv_indptr", kv_indptr, (torch.int32, torch.int64), bs + 1)
@@ -339,27 +340,27 @@ def check_arguments(
     _check_index("mask_indptr", mask_indptr, (torch.int64,), bs + 1)
 
     if isinstance(max_n, bool) or not isinstance(max_n, int):
-        raise _err("max_n", "a Python int (drafts per request, SGLang's max_extend_len)", type(max_n).__name__)
+        raise argument_error("max_n", "a Python int (drafts per request, SGLang's max_extend_len)", type(max_n).__name__)
     if not 0 <= max_n <= MAX_DRAFTS:
-        raise _err("max_n", f"0..{MAX_DRAFTS} drafts per request", max_n)
+        raise argument_error("max_n", f"0..{MAX_DRAFTS} drafts per request", max_n)
     if T > bs * max_n:
-        raise _err("max_n", f"at least q.shape[0] / batch = {T}/{bs} drafts per request", max_n)
+        raise argument_error("max_n", f"at least q.shape[0] / batch = {T}/{bs} drafts per request", max_n)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
             or sm_scale <= 0:
-        raise _err("sm_scale", "a positive finite float (the softmax scale)", sm_scale)
+        raise argument_error("sm_scale", "a positive finite float (the softmax scale)", sm_scale)
 
     if prefix_lens_cpu is not None:
         lens = [int(x) for x in (prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else prefix_lens_cpu)]
         if len(lens) != bs:
-            raise _err("prefix_lens_cpu", f"{bs} prefix lengths (one per request)", len(lens))
+            raise argument_error("prefix_lens_cpu", f"{bs} prefix lengths (one per request)", len(lens))
         if any(x < 0 for x in lens):
-            raise _err("prefix_lens_cpu", "non-negative prefix lengths", lens)
+            raise argument_error("prefix_lens_cpu", "non-negative prefix lengths", lens)
         if kv_indices.numel() < sum(lens):
-            raise _err("kv_indices", f">= {sum(lens)} slot ids (the sum of prefix lengths)", kv_indices.numel())
+            raise argument_error("kv_indices", f">= {sum(lens)} slot ids (the sum of prefix lengths)", kv_indices.numel())
         if T == bs * max_n:  # every request has exactly max_n drafts: the mask length is known
             need = sum(max_n * (L + max_n) for L in lens)
             if custom_mask.numel() < need:
-                raise _err(
+                raise argument_error(
                     "custom_mask",
                     f">= {need} entries (sum over requests of N x (prefix + N), N = {max_n})",
                     custom_mask.numel(),
@@ -368,15 +369,15 @@ def check_arguments(
     if out is not None:
         _check_dtype("out", out, (torch.bfloat16,))
         if list(out.shape) != [T, H, V_DIM]:
-            raise _err("out", f"shape [{T}, {H}, {V_DIM}]", list(out.shape))
+            raise argument_error("out", f"shape [{T}, {H}, {V_DIM}]", list(out.shape))
         _check_rows("out", out, (out.stride(0), out.stride(1)))
         for name, t in (("q", q), ("k_ext", k_ext), ("kv_buffer", kv_buffer)):
             if t is not None and _overlaps(out, t):
-                raise _err("out", f"memory that does not overlap '{name}'", "an overlapping view")
+                raise argument_error("out", f"memory that does not overlap '{name}'", "an overlapping view")
     if lse is not None:
         _check_dtype("lse", lse, (torch.float32,))
         if list(lse.shape) != [T, H] or not lse.is_contiguous():
-            raise _err("lse", f"a contiguous tensor of shape [{T}, {H}]", f"{list(lse.shape)} strides {list(lse.stride())}")
+            raise argument_error("lse", f"a contiguous tensor of shape [{T}, {H}]", f"{list(lse.shape)} strides {list(lse.stride())}")
 
     if require_cuda:
         named = [("q", q), ("k_ext" if k_ext is not None else "draft_slots",
@@ -388,10 +389,10 @@ def check_arguments(
         if lse is not None:
             named.append(("lse", lse))
         if q.device.type != "cuda":
-            raise _err("q", "a CUDA tensor", q.device)
+            raise argument_error("q", "a CUDA tensor", q.device)
         for name, t in named:
             if t.device != q.device:
-                raise _err(name, f"a tensor on {q.device} (where q is)", t.device)
+                raise argument_error(name, f"a tensor on {q.device} (where q is)", t.device)
     return Shapes(bs=bs, total_tokens=T, num_heads=H, max_n=max_n, pool_size=pool)
 
 
@@ -483,7 +484,7 @@ def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_i
     if draft_slots is not None and draft_slots.numel():
         lo, hi = int(draft_slots.min()), int(draft_slots.max())
         if lo < 0 or hi >= pool:
-            raise _err("draft_slots", f"slot ids in [0, {pool})", f"range [{lo}, {hi}]")
+            raise argument_error("draft_slots", f"slot ids in [0, {pool})", f"range [{lo}, {hi}]")
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
     mi = mask_indptr.tolist()
@@ -491,18 +492,18 @@ def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_i
     for b in range(len(qo) - 1):
         n = qo[b + 1] - qo[b]
         if qo[b] < 0 or n < 0 or qo[b + 1] > T or n > max_n:
-            raise _err("qo_indptr", f"monotone values within [0, {T}] and at most max_n={max_n} apart", qo)
+            raise argument_error("qo_indptr", f"monotone values within [0, {T}] and at most max_n={max_n} apart", qo)
         L = kv[b + 1] - kv[b]
         if kv[b] < 0 or L < 0 or kv[b + 1] > kv_indices.numel():
-            raise _err("kv_indptr", f"monotone values within [0, {kv_indices.numel()}]", kv)
+            raise argument_error("kv_indptr", f"monotone values within [0, {kv_indices.numel()}]", kv)
         if n and (mi[b] < 0 or mi[b] + n * (L + n) > custom_mask.numel()):
-            raise _err("custom_mask", f"request {b}'s {n}x{L + n} mask rows inside its {custom_mask.numel()} entries "
+            raise argument_error("custom_mask", f"request {b}'s {n}x{L + n} mask rows inside its {custom_mask.numel()} entries "
                        f"(mask_indptr[{b}]={mi[b]})", "rows past the end")
         if L:
             sl = kv_indices[kv[b] : kv[b + 1]]
             lo, hi = int(sl.min()), int(sl.max())
             if lo < 0 or hi >= pool:
-                raise _err("kv_indices", f"slot ids in [0, {pool}) for request {b}", f"range [{lo}, {hi}]")
+                raise argument_error("kv_indices", f"slot ids in [0, {pool}) for request {b}", f"range [{lo}, {hi}]")
 
 
 def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
@@ -556,7 +557,7 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
     plan_mode = library.PLAN_NONE
     if plan is not None:
         if plan.device != torch.device("cuda", dev):
-            raise _err("plan", f"a VerifyPlan on {q.device}", f"one on {plan.device}")
+            raise argument_error("plan", f"a VerifyPlan on {q.device}", f"one on {plan.device}")
         shape = (target, bs, H, max_n, T)
         if make_plan:
             plan_mode = library.PLAN_MAKE
@@ -564,10 +565,10 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
             plan_mode = library.PLAN_USE
             if plan.key is None or plan.key[:5] != shape:
                 got = _describe_plan_key(plan.key)
-                raise _err("plan", f"a plan made (make_plan=True) by a call of this shape, {_describe_plan_key(shape)}",
+                raise argument_error("plan", f"a plan made (make_plan=True) by a call of this shape, {_describe_plan_key(shape)}",
                            f"one made for {got}")
             if num_splits is not None and num_splits != plan.key[5]:
-                raise _err("num_splits", f"the plan's {plan.key[5]} (or None) with plan=", num_splits)
+                raise argument_error("num_splits", f"the plan's {plan.key[5]} (or None) with plan=", num_splits)
             num_splits = plan.key[5]  # the grid the plan was made for, whatever this call's hint
     if num_splits is None:
         num_splits = choose_num_splits(bs, max_n, H, _sm_count(dev), lib.block_rows(dev, target),
@@ -576,7 +577,7 @@ def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mas
     if workspace is None:
         workspace = _workspaces.get(q.device, need)
     elif workspace.numel() < need:
-        raise _err("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
+        raise argument_error("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
                    f"{workspace.numel()} bytes on {workspace.device}")
     if debug_enabled() and not torch.cuda.is_current_stream_capturing():
         pool, _ = _latent_rows("kv_buffer", kv_buffer)
@@ -678,11 +679,11 @@ def verify_attention(
     """
     tcode = resolve_target(target)
     if not isinstance(make_plan, bool):
-        raise _err("make_plan", "a bool", repr(make_plan))
+        raise argument_error("make_plan", "a bool", repr(make_plan))
     if plan is not None and not isinstance(plan, VerifyPlan):
-        raise _err("plan", "a VerifyPlan or None", type(plan).__name__)
+        raise argument_error("plan", "a VerifyPlan or None", type(plan).__name__)
     if make_plan and plan is None:
-        raise _err("plan", "a VerifyPlan to make (make_plan=True)", None)
+        raise argument_error("plan", "a VerifyPlan to make (make_plan=True)", None)
     if prefix_lens_cpu is not None and max_prefix_len is None:
         lens = prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else list(prefix_lens_cpu)
         max_prefix_len = max(lens, default=0)
@@ -695,15 +696,15 @@ def verify_attention(
         lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= 65535):
-        raise _err("num_splits", "an int in [1, 65535]", num_splits)
+        raise argument_error("num_splits", "an int in [1, 65535]", num_splits)
     if workspace is not None:
         _check_dtype("workspace", workspace, (torch.uint8,))
         if workspace.device != q.device or not workspace.is_contiguous():
-            raise _err("workspace", f"a contiguous uint8 tensor on {q.device}",
+            raise argument_error("workspace", f"a contiguous uint8 tensor on {q.device}",
                        f"{workspace.numel()} bytes on {workspace.device}")
     if torch.compiler.is_compiling():  # one opaque op in the compiled graph
         if plan is not None:
-            raise _err("plan", "None under torch.compile (the op is opaque there; plan in eager or "
+            raise argument_error("plan", "None under torch.compile (the op is opaque there; plan in eager or "
                        "graph-captured code)", repr(plan))
         torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
                                           mask_indptr, out, lse, workspace, float(sm_scale), max_n,
