@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from kdtree_engine.kernel import op
-from kdtree_engine.kernel.op import VerifyArgumentError, check_arguments, choose_num_splits
+from kdtree_engine.kernel.op import (
+    VerifyArgs,
+    VerifyArgumentError,
+    check_arguments,
+    choose_num_splits,
+)
 from kdtree_pipeline.oracle import compare, reference, workloads
 
 
@@ -26,10 +31,10 @@ def _args(b: workloads.Batch) -> dict:
 
 def test_valid_cpu_batch_fails_only_on_device():
     a = _args(_batch())
-    shapes = check_arguments(**a, require_cuda=False)
+    shapes = check_arguments(VerifyArgs(**a), require_cuda=False)
     assert (shapes.bs, shapes.total_tokens, shapes.num_heads, shapes.max_n) == (3, 9, 2, 4)
     with pytest.raises(VerifyArgumentError, match=r"'q': expected a CUDA tensor"):
-        check_arguments(**a)
+        check_arguments(VerifyArgs(**a))
 
 
 BAD = [
@@ -67,20 +72,20 @@ def test_bad_argument_is_named(name, mutate, message):
     a = _args(_batch())
     a[name] = mutate(a)
     with pytest.raises(VerifyArgumentError, match=message):
-        check_arguments(**a, require_cuda=False)
+        check_arguments(VerifyArgs(**a), require_cuda=False)
 
 
 def test_out_and_lse_are_checked():
     b = _batch()
     a = _args(b)
     with pytest.raises(VerifyArgumentError, match=r"'out': expected shape \[9, 2, 512\]"):
-        check_arguments(**a, out=torch.empty((9, 2, 576), dtype=torch.bfloat16), require_cuda=False)
+        check_arguments(VerifyArgs(**a, out=torch.empty((9, 2, 576), dtype=torch.bfloat16)), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'out': expected a contiguous last dimension"):
-        check_arguments(**a, out=torch.empty((9, 2, 512, 2), dtype=torch.bfloat16)[..., 0], require_cuda=False)
+        check_arguments(VerifyArgs(**a, out=torch.empty((9, 2, 512, 2), dtype=torch.bfloat16)[..., 0]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'lse': expected a contiguous tensor of shape"):
-        check_arguments(**a, lse=torch.empty((2, 9)).t(), require_cuda=False)
+        check_arguments(VerifyArgs(**a, lse=torch.empty((2, 9)).t()), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'lse': expected dtype torch.float32"):
-        check_arguments(**a, lse=torch.empty((9, 2), dtype=torch.float64), require_cuda=False)
+        check_arguments(VerifyArgs(**a, lse=torch.empty((9, 2), dtype=torch.float64)), require_cuda=False)
 
 
 def test_out_may_not_overlap_inputs():
@@ -89,25 +94,25 @@ def test_out_may_not_overlap_inputs():
     flat = torch.zeros(9 * 2 * 576 + 9 * 2 * 512, dtype=torch.bfloat16)
     a["q"] = flat[: 9 * 2 * 576].view(9, 2, 576)
     with pytest.raises(VerifyArgumentError, match="'out': expected memory that does not overlap 'q'"):
-        check_arguments(**a, out=flat[512 * 8 : 512 * 8 + 9 * 2 * 512].view(9, 2, 512), require_cuda=False)
-    check_arguments(**a, out=flat[9 * 2 * 576 :].view(9, 2, 512), require_cuda=False)  # adjacent
+        check_arguments(VerifyArgs(**a, out=flat[512 * 8 : 512 * 8 + 9 * 2 * 512].view(9, 2, 512)), require_cuda=False)
+    check_arguments(VerifyArgs(**a, out=flat[9 * 2 * 576 :].view(9, 2, 512)), require_cuda=False)  # adjacent
     # interleaved strided views of one buffer do not overlap and are accepted
     buf = torch.zeros((9, 2, 1024 + 64), dtype=torch.bfloat16)
     a["q"] = buf[:, :, :576]
-    check_arguments(**a, out=buf[:, :, 576:1088], require_cuda=False)
+    check_arguments(VerifyArgs(**a, out=buf[:, :, 576:1088]), require_cuda=False)
 
 
 def test_mask_length_checked_when_prefix_lengths_are_known():
     b = workloads.make_batch([5, 9], [3, 3], 2, seed=1)
     a = _args(b)
-    check_arguments(**a, prefix_lens_cpu=[5, 9], require_cuda=False)
+    check_arguments(VerifyArgs(**a, prefix_lens_cpu=[5, 9]), require_cuda=False)
     a["custom_mask"] = a["custom_mask"][:-1]
     with pytest.raises(VerifyArgumentError, match=r"'custom_mask': expected >= 60 entries"):
-        check_arguments(**a, prefix_lens_cpu=[5, 9], require_cuda=False)
+        check_arguments(VerifyArgs(**a, prefix_lens_cpu=[5, 9]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'prefix_lens_cpu': expected 2 prefix lengths"):
-        check_arguments(**a, prefix_lens_cpu=[5], require_cuda=False)
+        check_arguments(VerifyArgs(**a, prefix_lens_cpu=[5]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'kv_indices': expected >= 20 slot ids"):
-        check_arguments(**_args(b), prefix_lens_cpu=[11, 9], require_cuda=False)
+        check_arguments(VerifyArgs(**_args(b), prefix_lens_cpu=[11, 9]), require_cuda=False)
 
 
 def test_choose_num_splits_fills_whole_waves():
@@ -186,11 +191,11 @@ def test_qo_indptr_of_the_wrong_length_is_named():
     a = _args(_batch())
     a["qo_indptr"] = a["qo_indptr"][:3]
     with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 3"):
-        check_arguments(**a, require_cuda=False)
+        check_arguments(VerifyArgs(**a), require_cuda=False)
     a = _args(_batch())
     a["qo_indptr"] = torch.cat([a["qo_indptr"], a["qo_indptr"][-1:]])
     with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 5"):
-        check_arguments(**a, require_cuda=False)
+        check_arguments(VerifyArgs(**a), require_cuda=False)
 
 
 def test_custom_op_is_registered_with_a_fake_that_checks_arguments():
@@ -452,14 +457,14 @@ def test_drafts_from_the_pool_are_checked():
     a = _args(_batch())
     slots = torch.arange(a["q"].shape[0])
     with pytest.raises(VerifyArgumentError, match=r"'k_ext': expected the drafts' latents"):
-        op.check_arguments(**{**a, "k_ext": None}, require_cuda=False)
+        op.check_arguments(VerifyArgs(**{**a, "k_ext": None}), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'draft_slots': expected .* slot ids"):
-        op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots[:-1], require_cuda=False)
+        op.check_arguments(VerifyArgs(**{**a, "k_ext": None}, draft_slots=slots[:-1]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'draft_slots': expected dtype"):
-        op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots.float(), require_cuda=False)
+        op.check_arguments(VerifyArgs(**{**a, "k_ext": None}, draft_slots=slots.float()), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'k_ext': expected None when draft_slots"):
-        op.check_arguments(**a, draft_slots=slots, require_cuda=False)
-    shapes = op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots, require_cuda=False)
+        op.check_arguments(VerifyArgs(**a, draft_slots=slots), require_cuda=False)
+    shapes = op.check_arguments(VerifyArgs(**{**a, "k_ext": None}, draft_slots=slots), require_cuda=False)
     assert shapes.total_tokens == a["q"].shape[0]
 
 

@@ -86,10 +86,10 @@ def test_checks_run_on_fake_tensors():
     fake = [mode.from_tensor(t) for t in b.kernel_args()[:8]]
     with mode:
         out = torch.empty((9, 2, 512), dtype=torch.bfloat16)
-        shapes = op.check_arguments(*fake, b.sm_scale, b.max_n, out=out, require_cuda=False)
+        shapes = op.check_arguments(op.VerifyArgs(*fake, b.sm_scale, b.max_n, out=out), require_cuda=False)
         assert (shapes.bs, shapes.total_tokens, shapes.num_heads) == (3, 9, 2)
         with pytest.raises(op.VerifyArgumentError, match="'k_ext': expected 9 rows"):
-            op.check_arguments(fake[0], fake[1][:8], *fake[2:], b.sm_scale, b.max_n, require_cuda=False)
+            op.check_arguments(op.VerifyArgs(fake[0], fake[1][:8], *fake[2:], b.sm_scale, b.max_n), require_cuda=False)
 
 
 def _meta_op_args(b):
