@@ -148,7 +148,7 @@ int main() {  // "KV num_splits split_keys" per line in, "splits per" per line o
 
 @pytest.mark.nvcc
 def test_split_plan_mirror_and_properties(tmp_path):
-    """Issue 16: the split schedule every CTA computes on the device (csrc/common.cuh
+    """The split schedule every CTA computes on the device (csrc/common.cuh
     split_plan, compiled here for the host by nvcc and run on the CPU). For every length
     and grid: at least one split, at most the grid's num_splits (and 1024), about 128 keys
     per split at the least, every split non-empty and together covering every key; where
@@ -187,7 +187,7 @@ def test_split_plan_mirror_and_properties(tmp_path):
 
 
 def test_qo_indptr_of_the_wrong_length_is_named():
-    """issue 17: kv_indptr and mask_indptr agree on bs + 1, qo_indptr does not: name qo_indptr."""
+    """kv_indptr and mask_indptr agree on bs + 1, qo_indptr does not: name qo_indptr."""
     a = _args(_batch())
     a["qo_indptr"] = a["qo_indptr"][:3]
     with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 3"):
@@ -255,7 +255,7 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "L" + "-".join(map(str, c[0])) + "-N" +
                          "-".join(map(str, c[1])) + f"-H{c[2]}")
 def test_splits_far_above_what_the_lengths_need(target, return_lse, case):
-    """Issue 16: with num_splits forced to 64 (as the GPU-filling grid under graph capture,
+    """With num_splits forced to 64 (as the GPU-filling grid under graph capture,
     where no host hint exists), each request takes only the splits its length needs
     (csrc/common.cuh split_plan): the other CTAs write nothing, a request of one split
     (prefix 0 and 100 here) writes its output directly, the combine merges only a row's
@@ -295,7 +295,7 @@ def _verify_graph(heads: int, n: int, max_bs: int, max_prefix: int, seed: int):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("target", ["native", "sm_120"])
 def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
-    """Issue 16, as SGLang runs verify: one capture with no host hint (the grid takes the
+    """As SGLang runs verify: one capture with no host hint (the grid takes the
     GPU-filling split count), then replays with other lengths written into the same
     buffers on the device. Every replay matches the reference: the short ones take few
     splits (a request of prefix 0 or 100 one, written without the combine), and a replay
@@ -424,7 +424,7 @@ def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
 @pytest.mark.parametrize("layout", ["contiguous", "runs64", "runs16", "fragmented"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_contiguous_fast_path_taken_exactly_on_runs_and_equal_to_the_gather(monkeypatch, layout, num_splits):
-    """Issue 8's fast path: on sm_90a, a producer warp whose 32 key rows sit in
+    """The contiguous fast path: on sm_90a, a producer warp whose 32 key rows sit in
     consecutive slots loads them with TMA boxes. The workspace count says which blocks
     took it (every 32-aligned run, nothing else); the output is bit-equal to the
     gather's (KDTREE_TMA=0, which the count shows took no fast path), and right."""
@@ -487,7 +487,7 @@ def _planned_batch(lib, target, lens, ns, H, seed):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("target", ["native", "sm_120"])
 def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
-    """Issue 16, ragged batches: one long request among short ones takes far more splits than
+    """Ragged batches: one long request among short ones takes far more splits than
     the grid's num_splits (the batch schedule, csrc/common.cuh batch_plan), in both kernels.
     The (slot, splits) pairs the requests' first CTAs leave in the workspace for the combine
     are exactly op.batch_plan's; the output matches the reference. KDTREE_SCHED=grid (the 3-D

@@ -133,7 +133,7 @@ def test_a_compiled_caller_traces_to_one_op_without_graph_breaks():
 
 @pytest.mark.gpu
 def test_two_streams_at_once_equal_serial_calls():
-    """Issue 18 item 1: 30 rounds of two different batches verified at once on two streams
+    """30 rounds of two different batches verified at once on two streams
     give bit-for-bit the outputs of the same calls made one at a time."""
     dev = torch.device("cuda")
     # split-KV on both (long prefixes, small batches): the partials live in the workspace
@@ -163,7 +163,7 @@ def test_two_streams_at_once_equal_serial_calls():
 
 @pytest.mark.gpu
 def test_compiled_caller_equals_eager_and_replays_in_a_cuda_graph():
-    """Issue 18 item 7: torch.compile (inductor, full graph) gives eager's output; the
+    """torch.compile (inductor, full graph) gives eager's output; the
     compiled function is captured in a CUDA graph and its replays with new inputs copied
     in equal eager calls on those inputs. (mode="reduce-overhead" is not covered: its
     cudagraph trees refuse the workspace the op takes from its per-stream cache while
@@ -207,7 +207,7 @@ def test_compiled_caller_equals_eager_and_replays_in_a_cuda_graph():
 @pytest.mark.sglang
 @pytest.mark.parametrize("k_given", [True, False], ids=["k-given", "k-from-pool"])
 def test_launches_per_hooked_call(k_given, capsys):
-    """Issue 18 item 5: how many GPU launches one hooked verify call makes (printed; run
+    """How many GPU launches one hooked verify call makes (printed; run
     with -s). The kernel runs once per call; the count itself is the measurement."""
     from conftest import load_tool
 

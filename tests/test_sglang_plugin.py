@@ -120,7 +120,7 @@ def test_invalid_value_is_an_error_at_plugin_load(clean, fake_library, monkeypat
 
 
 def test_a_typo_in_the_switch_stops_the_process_through_sglangs_loader(tmp_path):
-    """issue 17: SGLang's real load_plugins in a fresh process with KDTREE_VERIFY=bogus ends
+    """SGLang's real load_plugins in a fresh process with KDTREE_VERIFY=bogus ends
     it with exit status 1 and a message naming the variable and the value."""
     import os
     import subprocess
@@ -524,7 +524,7 @@ def test_a_failing_kv_write_is_not_retried_by_the_plugin(runtime_on, monkeypatch
 
 
 def test_many_distinct_bad_batches_log_once_per_kind_and_stay_bounded(runtime_on, monkeypatch, caplog):
-    """Issue 18 item 4: 2000 batches, each refused with its own numbers (drafts per request,
+    """2000 batches, each refused with its own numbers (drafts per request,
     kernel messages): one line per kind, the counters keyed by kind only."""
     from kdtree_engine.kernel.op import VerifyArgumentError
 
