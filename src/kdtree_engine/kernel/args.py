@@ -13,7 +13,8 @@ raises :class:`~kdtree_engine.kernel.errors.VerifyArgumentError` naming the argu
 read host-side facts only (types, dtypes, shapes, strides, devices, addresses), never
 device memory, so they cost no synchronisation, run under CUDA-graph capture, and run on
 the fake tensors of ``torch.compile`` and ``torch.library.opcheck`` (which have no
-addresses: the address checks skip them and run on the real tensors of the call).
+addresses: the address checks skip them; the library checks alignment again at every
+launch).
 :func:`check_values` (``KDTREE_DEBUG=1``) is the exception: it reads the indptrs and slot
 ids on the host.
 
@@ -136,7 +137,7 @@ def latent_rows(name: str, t: torch.Tensor) -> tuple[int, int]:
 def has_memory(t: torch.Tensor) -> bool:
     """Does ``t`` have real memory (an address)? Fake tensors (torch.compile's tracing,
     ``torch.library.opcheck``) and meta tensors have none: address checks are skipped
-    for them and run again on the real tensors at the call. A plain ``torch.Tensor`` is
+    for them (the library checks alignment at the launch). A plain ``torch.Tensor`` is
     never fake (fake ones are a subclass), so only subclasses pay for ``is_fake``."""
     if torch.compiler.is_compiling() or t.is_meta:  # dynamo traces fake tensors
         return False
@@ -177,7 +178,7 @@ def _dense_range(t: torch.Tensor, device: torch.device) -> tuple[int, int] | Non
     address only where they share memory, so their byte ranges decide whether they
     overlap. Strided views may interleave without sharing an element, so only a definite
     overlap of two contiguous tensors is reported; fake and meta tensors have no
-    addresses (checked on the real tensors)."""
+    addresses to compare."""
     if t.numel() == 0 or t.device != device or not t.is_contiguous() or not has_memory(t):
         return None
     return _byte_range(t)

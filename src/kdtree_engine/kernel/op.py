@@ -474,10 +474,14 @@ def _verify_attention_op(
     """The op torch.compile sees. ``num_splits`` 0 and ``workspace`` None: chosen at run
     time (the per-stream workspace); ``max_prefix_len`` -1: no hint; ``target`` the ABI's
     KDTREE_TARGET_* code; ``draft_slots`` (with ``k_ext`` None): the drafts' pool slots.
-    The checks run here on the real tensors too: the fake's (at tracing) cannot see
-    addresses or devices."""
-    verify(_op_args(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
-                    workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots))
+
+    The compiled code runs this without the checks: the call's arguments were checked once,
+    when it was traced (by verify_attention on the fake tensors, devices included, and by the
+    fake below), and the library checks alignment, strides and sizes again at the launch."""
+    a = _op_args(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
+                 workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots)
+    _run(a, Shapes(bs=qo_indptr.numel() - 1, total_tokens=q.shape[0], num_heads=q.shape[1], max_n=max_n,
+                   pool_size=kv_buffer.shape[0], max_prefix_len=a.max_prefix_len))
 
 
 @_verify_attention_op.register_fake
