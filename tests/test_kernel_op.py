@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from kdtree_engine.kernel import op
-from kdtree_engine.kernel.op import VerifyArgumentError, check_arguments, choose_num_splits
+from kdtree_engine.kernel.op import (
+    VerifyArgs,
+    VerifyArgumentError,
+    check_arguments,
+    choose_num_splits,
+)
 from kdtree_pipeline.oracle import compare, reference, workloads
 
 
@@ -26,10 +31,10 @@ def _args(b: workloads.Batch) -> dict:
 
 def test_valid_cpu_batch_fails_only_on_device():
     a = _args(_batch())
-    shapes = check_arguments(**a, require_cuda=False)
+    shapes = check_arguments(VerifyArgs(**a), require_cuda=False)
     assert (shapes.bs, shapes.total_tokens, shapes.num_heads, shapes.max_n) == (3, 9, 2, 4)
     with pytest.raises(VerifyArgumentError, match=r"'q': expected a CUDA tensor"):
-        check_arguments(**a)
+        check_arguments(VerifyArgs(**a))
 
 
 BAD = [
@@ -67,20 +72,20 @@ def test_bad_argument_is_named(name, mutate, message):
     a = _args(_batch())
     a[name] = mutate(a)
     with pytest.raises(VerifyArgumentError, match=message):
-        check_arguments(**a, require_cuda=False)
+        check_arguments(VerifyArgs(**a), require_cuda=False)
 
 
 def test_out_and_lse_are_checked():
     b = _batch()
     a = _args(b)
     with pytest.raises(VerifyArgumentError, match=r"'out': expected shape \[9, 2, 512\]"):
-        check_arguments(**a, out=torch.empty((9, 2, 576), dtype=torch.bfloat16), require_cuda=False)
+        check_arguments(VerifyArgs(**a, out=torch.empty((9, 2, 576), dtype=torch.bfloat16)), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'out': expected a contiguous last dimension"):
-        check_arguments(**a, out=torch.empty((9, 2, 512, 2), dtype=torch.bfloat16)[..., 0], require_cuda=False)
+        check_arguments(VerifyArgs(**a, out=torch.empty((9, 2, 512, 2), dtype=torch.bfloat16)[..., 0]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'lse': expected a contiguous tensor of shape"):
-        check_arguments(**a, lse=torch.empty((2, 9)).t(), require_cuda=False)
+        check_arguments(VerifyArgs(**a, lse=torch.empty((2, 9)).t()), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'lse': expected dtype torch.float32"):
-        check_arguments(**a, lse=torch.empty((9, 2), dtype=torch.float64), require_cuda=False)
+        check_arguments(VerifyArgs(**a, lse=torch.empty((9, 2), dtype=torch.float64)), require_cuda=False)
 
 
 def test_out_may_not_overlap_inputs():
@@ -89,25 +94,25 @@ def test_out_may_not_overlap_inputs():
     flat = torch.zeros(9 * 2 * 576 + 9 * 2 * 512, dtype=torch.bfloat16)
     a["q"] = flat[: 9 * 2 * 576].view(9, 2, 576)
     with pytest.raises(VerifyArgumentError, match="'out': expected memory that does not overlap 'q'"):
-        check_arguments(**a, out=flat[512 * 8 : 512 * 8 + 9 * 2 * 512].view(9, 2, 512), require_cuda=False)
-    check_arguments(**a, out=flat[9 * 2 * 576 :].view(9, 2, 512), require_cuda=False)  # adjacent
+        check_arguments(VerifyArgs(**a, out=flat[512 * 8 : 512 * 8 + 9 * 2 * 512].view(9, 2, 512)), require_cuda=False)
+    check_arguments(VerifyArgs(**a, out=flat[9 * 2 * 576 :].view(9, 2, 512)), require_cuda=False)  # adjacent
     # interleaved strided views of one buffer do not overlap and are accepted
     buf = torch.zeros((9, 2, 1024 + 64), dtype=torch.bfloat16)
     a["q"] = buf[:, :, :576]
-    check_arguments(**a, out=buf[:, :, 576:1088], require_cuda=False)
+    check_arguments(VerifyArgs(**a, out=buf[:, :, 576:1088]), require_cuda=False)
 
 
 def test_mask_length_checked_when_prefix_lengths_are_known():
     b = workloads.make_batch([5, 9], [3, 3], 2, seed=1)
     a = _args(b)
-    check_arguments(**a, prefix_lens_cpu=[5, 9], require_cuda=False)
+    check_arguments(VerifyArgs(**a, prefix_lens_cpu=[5, 9]), require_cuda=False)
     a["custom_mask"] = a["custom_mask"][:-1]
     with pytest.raises(VerifyArgumentError, match=r"'custom_mask': expected >= 60 entries"):
-        check_arguments(**a, prefix_lens_cpu=[5, 9], require_cuda=False)
+        check_arguments(VerifyArgs(**a, prefix_lens_cpu=[5, 9]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match="'prefix_lens_cpu': expected 2 prefix lengths"):
-        check_arguments(**a, prefix_lens_cpu=[5], require_cuda=False)
+        check_arguments(VerifyArgs(**a, prefix_lens_cpu=[5]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'kv_indices': expected >= 20 slot ids"):
-        check_arguments(**_args(b), prefix_lens_cpu=[11, 9], require_cuda=False)
+        check_arguments(VerifyArgs(**_args(b), prefix_lens_cpu=[11, 9]), require_cuda=False)
 
 
 def test_choose_num_splits_fills_whole_waves():
@@ -143,7 +148,7 @@ int main() {  // "KV num_splits split_keys" per line in, "splits per" per line o
 
 @pytest.mark.nvcc
 def test_split_plan_mirror_and_properties(tmp_path):
-    """Issue 16: the split schedule every CTA computes on the device (csrc/common.cuh
+    """The split schedule every CTA computes on the device (csrc/common.cuh
     split_plan, compiled here for the host by nvcc and run on the CPU). For every length
     and grid: at least one split, at most the grid's num_splits (and 1024), about 128 keys
     per split at the least, every split non-empty and together covering every key; where
@@ -182,15 +187,15 @@ def test_split_plan_mirror_and_properties(tmp_path):
 
 
 def test_qo_indptr_of_the_wrong_length_is_named():
-    """issue 17: kv_indptr and mask_indptr agree on bs + 1, qo_indptr does not: name qo_indptr."""
+    """kv_indptr and mask_indptr agree on bs + 1, qo_indptr does not: name qo_indptr."""
     a = _args(_batch())
     a["qo_indptr"] = a["qo_indptr"][:3]
     with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 3"):
-        check_arguments(**a, require_cuda=False)
+        check_arguments(VerifyArgs(**a), require_cuda=False)
     a = _args(_batch())
     a["qo_indptr"] = torch.cat([a["qo_indptr"], a["qo_indptr"][-1:]])
     with pytest.raises(VerifyArgumentError, match=r"'qo_indptr': expected 4 elements .*, got 5"):
-        check_arguments(**a, require_cuda=False)
+        check_arguments(VerifyArgs(**a), require_cuda=False)
 
 
 def test_custom_op_is_registered_with_a_fake_that_checks_arguments():
@@ -250,7 +255,7 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "L" + "-".join(map(str, c[0])) + "-N" +
                          "-".join(map(str, c[1])) + f"-H{c[2]}")
 def test_splits_far_above_what_the_lengths_need(target, return_lse, case):
-    """Issue 16: with num_splits forced to 64 (as the GPU-filling grid under graph capture,
+    """With num_splits forced to 64 (as the GPU-filling grid under graph capture,
     where no host hint exists), each request takes only the splits its length needs
     (csrc/common.cuh split_plan): the other CTAs write nothing, a request of one split
     (prefix 0 and 100 here) writes its output directly, the combine merges only a row's
@@ -290,7 +295,7 @@ def _verify_graph(heads: int, n: int, max_bs: int, max_prefix: int, seed: int):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("target", ["native", "sm_120"])
 def test_graph_without_hint_replays_shorter_and_longer_prefixes(target):
-    """Issue 16, as SGLang runs verify: one capture with no host hint (the grid takes the
+    """As SGLang runs verify: one capture with no host hint (the grid takes the
     GPU-filling split count), then replays with other lengths written into the same
     buffers on the device. Every replay matches the reference: the short ones take few
     splits (a request of prefix 0 or 100 one, written without the combine), and a replay
@@ -419,7 +424,7 @@ def _fast_path_boxes_expected(b, num_heads: int, num_splits: int) -> int:
 @pytest.mark.parametrize("layout", ["contiguous", "runs64", "runs16", "fragmented"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_contiguous_fast_path_taken_exactly_on_runs_and_equal_to_the_gather(monkeypatch, layout, num_splits):
-    """Issue 8's fast path: on sm_90a, a producer warp whose 32 key rows sit in
+    """The contiguous fast path: on sm_90a, a producer warp whose 32 key rows sit in
     consecutive slots loads them with TMA boxes. The workspace count says which blocks
     took it (every 32-aligned run, nothing else); the output is bit-equal to the
     gather's (KDTREE_TMA=0, which the count shows took no fast path), and right."""
@@ -452,14 +457,14 @@ def test_drafts_from_the_pool_are_checked():
     a = _args(_batch())
     slots = torch.arange(a["q"].shape[0])
     with pytest.raises(VerifyArgumentError, match=r"'k_ext': expected the drafts' latents"):
-        op.check_arguments(**{**a, "k_ext": None}, require_cuda=False)
+        op.check_arguments(VerifyArgs(**{**a, "k_ext": None}), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'draft_slots': expected .* slot ids"):
-        op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots[:-1], require_cuda=False)
+        op.check_arguments(VerifyArgs(**{**a, "k_ext": None}, draft_slots=slots[:-1]), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'draft_slots': expected dtype"):
-        op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots.float(), require_cuda=False)
+        op.check_arguments(VerifyArgs(**{**a, "k_ext": None}, draft_slots=slots.float()), require_cuda=False)
     with pytest.raises(VerifyArgumentError, match=r"'k_ext': expected None when draft_slots"):
-        op.check_arguments(**a, draft_slots=slots, require_cuda=False)
-    shapes = op.check_arguments(**{**a, "k_ext": None}, draft_slots=slots, require_cuda=False)
+        op.check_arguments(VerifyArgs(**a, draft_slots=slots), require_cuda=False)
+    shapes = op.check_arguments(VerifyArgs(**{**a, "k_ext": None}, draft_slots=slots), require_cuda=False)
     assert shapes.total_tokens == a["q"].shape[0]
 
 
@@ -482,7 +487,7 @@ def _planned_batch(lib, target, lens, ns, H, seed):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("target", ["native", "sm_120"])
 def test_batch_schedule_gives_a_long_request_the_idle_ctas(monkeypatch, target):
-    """Issue 16, ragged batches: one long request among short ones takes far more splits than
+    """Ragged batches: one long request among short ones takes far more splits than
     the grid's num_splits (the batch schedule, csrc/common.cuh batch_plan), in both kernels.
     The (slot, splits) pairs the requests' first CTAs leave in the workspace for the combine
     are exactly op.batch_plan's; the output matches the reference. KDTREE_SCHED=grid (the 3-D

@@ -86,10 +86,10 @@ def test_checks_run_on_fake_tensors():
     fake = [mode.from_tensor(t) for t in b.kernel_args()[:8]]
     with mode:
         out = torch.empty((9, 2, 512), dtype=torch.bfloat16)
-        shapes = op.check_arguments(*fake, b.sm_scale, b.max_n, out=out, require_cuda=False)
+        shapes = op.check_arguments(op.VerifyArgs(*fake, b.sm_scale, b.max_n, out=out), require_cuda=False)
         assert (shapes.bs, shapes.total_tokens, shapes.num_heads) == (3, 9, 2)
         with pytest.raises(op.VerifyArgumentError, match="'k_ext': expected 9 rows"):
-            op.check_arguments(fake[0], fake[1][:8], *fake[2:], b.sm_scale, b.max_n, require_cuda=False)
+            op.check_arguments(op.VerifyArgs(fake[0], fake[1][:8], *fake[2:], b.sm_scale, b.max_n), require_cuda=False)
 
 
 def _meta_op_args(b):
@@ -133,7 +133,7 @@ def test_a_compiled_caller_traces_to_one_op_without_graph_breaks():
 
 @pytest.mark.gpu
 def test_two_streams_at_once_equal_serial_calls():
-    """Issue 18 item 1: 30 rounds of two different batches verified at once on two streams
+    """30 rounds of two different batches verified at once on two streams
     give bit-for-bit the outputs of the same calls made one at a time."""
     dev = torch.device("cuda")
     # split-KV on both (long prefixes, small batches): the partials live in the workspace
@@ -163,7 +163,7 @@ def test_two_streams_at_once_equal_serial_calls():
 
 @pytest.mark.gpu
 def test_compiled_caller_equals_eager_and_replays_in_a_cuda_graph():
-    """Issue 18 item 7: torch.compile (inductor, full graph) gives eager's output; the
+    """torch.compile (inductor, full graph) gives eager's output; the
     compiled function is captured in a CUDA graph and its replays with new inputs copied
     in equal eager calls on those inputs. (mode="reduce-overhead" is not covered: its
     cudagraph trees refuse the workspace the op takes from its per-stream cache while

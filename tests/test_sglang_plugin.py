@@ -120,7 +120,7 @@ def test_invalid_value_is_an_error_at_plugin_load(clean, fake_library, monkeypat
 
 
 def test_a_typo_in_the_switch_stops_the_process_through_sglangs_loader(tmp_path):
-    """issue 17: SGLang's real load_plugins in a fresh process with KDTREE_VERIFY=bogus ends
+    """SGLang's real load_plugins in a fresh process with KDTREE_VERIFY=bogus ends
     it with exit status 1 and a message naming the variable and the value."""
     import os
     import subprocess
@@ -244,9 +244,12 @@ def make_verify(mode=ForwardMode.TARGET_VERIFY, qo_dtype=torch.int64):
 
 @pytest.fixture
 def runtime_on(monkeypatch, fake_library):
-    """The plugin as on a GPU, minus the device: prepare()'s output goes through the real
-    plugin._launch, verify_attention and check_arguments (with the CUDA-device check off,
-    the only one a CPU cannot pass); the launch itself records the call and fills out."""
+    """The plugin as on a GPU, minus the device: prepare()'s VerifyArgs goes through the real
+    plugin._launch, op.verify and check_arguments (with the CUDA-device check off, the only
+    one a CPU cannot pass); the launch itself records the call's arguments (and the longest
+    prefix the checks took from the hint) and fills out."""
+    from dataclasses import fields
+
     from kdtree_engine.kernel import op
 
     plugin._runtime.reset()
@@ -255,14 +258,9 @@ def runtime_on(monkeypatch, fake_library):
     monkeypatch.setattr(op, "check_arguments", lambda *a, **kw: real_check(*a, **{**kw, "require_cuda": False}))
     launched = []
 
-    def run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
-            sm_scale, max_n, num_splits, max_prefix_len, target=0, draft_slots=None, plan=None, make_plan=False):
-        launched.append(dict(q=q, k_ext=k_ext, draft_slots=draft_slots, kv_buffer=kv_buffer, qo_indptr=qo_indptr,
-                             kv_indptr=kv_indptr,
-                             kv_indices=kv_indices, custom_mask=custom_mask, mask_indptr=mask_indptr, out=out,
-                             sm_scale=sm_scale, max_n=max_n, max_prefix_len=max_prefix_len, plan=plan,
-                             make_plan=make_plan))
-        out.fill_(1.5)
+    def run(a, shapes):
+        launched.append({**{f.name: getattr(a, f.name) for f in fields(a)}, "max_prefix_len": shapes.max_prefix_len})
+        a.out.fill_(1.5)
 
     monkeypatch.setattr(op, "_run", run)
     with get_parallel().override(dcp_enabled=False, tp_rank=3):
@@ -368,7 +366,7 @@ def test_no_plan_without_a_plan_library_or_a_weakly_referenced_step(runtime_on, 
 
 
 def test_a_batch_the_checks_refuse_falls_back_after_the_kv_write(runtime_on):
-    """prepare()'s output goes through check_arguments: a mask shorter than the prefix
+    """prepare()'s VerifyArgs goes through check_arguments: a mask shorter than the prefix
     lengths need is refused there, and SGLang's path serves it without writing the KV again."""
     backend, q, k, v, layer, fb = make_verify()
     backend.forward_metadata.custom_mask = backend.forward_metadata.custom_mask[:-1]
@@ -538,7 +536,7 @@ def test_a_failing_kv_write_is_not_retried_by_the_plugin(runtime_on, monkeypatch
 
 
 def test_many_distinct_bad_batches_log_once_per_kind_and_stay_bounded(runtime_on, monkeypatch, caplog):
-    """Issue 18 item 4: 2000 batches, each refused with its own numbers (drafts per request,
+    """2000 batches, each refused with its own numbers (drafts per request,
     kernel messages): one line per kind, the counters keyed by kind only."""
     from kdtree_engine.kernel.op import VerifyArgumentError
 

@@ -13,6 +13,9 @@ import os
 import threading
 from pathlib import Path
 
+# the target is an argument of verify_attention: refused in that op's one error form
+from kdtree_engine.kernel.errors import VerifyArgumentError, argument_error
+
 ABI_VERSION = 3
 #: ABI 2 libraries (before the step plan) still load, for A/B runs against older builds: their
 #: argument struct is ABI 3's without its last fields, and ``Library.has_plan`` is False.
@@ -30,14 +33,6 @@ ERR_BITS = {
 }
 
 
-class VerifyArgumentError(ValueError):
-    """An argument of :func:`verify_attention` is wrong; the message names it."""
-
-
-def _err(arg: str, expected: str, got: object) -> VerifyArgumentError:
-    return VerifyArgumentError(f"verify_attention: argument '{arg}': expected {expected}, got {got}")
-
-
 #: ``target`` / ``KDTREE_TARGET`` values -> the C ABI's KDTREE_TARGET_*
 TARGETS = {"native": 0, "sm_120": 120}
 
@@ -53,7 +48,7 @@ def resolve_target(target: str | None) -> int:
             raise VerifyArgumentError(f"KDTREE_TARGET: expected one of {', '.join(TARGETS)} (or unset), got {raw!r}")
         return TARGETS[raw]
     if target not in TARGETS:
-        raise _err("target", f"one of {', '.join(TARGETS)} or None (KDTREE_TARGET)", repr(target))
+        raise argument_error("target", f"one of {', '.join(TARGETS)} or None (KDTREE_TARGET)", repr(target))
     return TARGETS[target]
 
 

@@ -1,11 +1,15 @@
 """The verify-attention op: argument checks, workspace, launch, torch custom op.
 
-Public entry point: :func:`verify_attention`. It checks every argument that
-can be checked without reading device memory (dtype, shape, device, strides,
-alignment, limits, lengths), raises :class:`VerifyArgumentError` naming the
-argument before anything is launched, and then calls the kernel library on
-``torch.cuda.current_stream()``. No host synchronisation and no host read of
-tensor values happen on this path, so the call can be captured in a CUDA graph.
+Public entry point: :func:`verify_attention`. Its arguments become one
+:class:`~kdtree_engine.kernel.args.VerifyArgs`, built once per call; :func:`check_arguments`
+runs every check that needs no device read (dtype, shape, device, strides, alignment,
+limits, lengths; the small ``check_*`` functions of :mod:`kdtree_engine.kernel.args`) on it
+once and raises :class:`VerifyArgumentError` naming the argument before anything is
+launched; the launch fills the C ABI's argument struct from it and calls the kernel library
+on ``torch.cuda.current_stream()``. No host synchronisation and no host read of tensor
+values happen on this path, so the call can be captured in a CUDA graph. A caller that
+builds the object itself (the SGLang plugin, from SGLang's metadata) runs it with
+:func:`verify`.
 
 Slot ids, indptr contents and mask extents live on the device. The kernel
 never reads outside the tensors it is given; it records violations in an
@@ -17,24 +21,40 @@ raises on any violation.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from kdtree_engine.kernel import library
-from kdtree_engine.kernel.library import TARGETS, VerifyArgumentError, _err, resolve_target
+from kdtree_engine.kernel.args import (
+    HEAD_DIM,
+    MAX_DRAFTS,
+    MAX_HEADS,
+    V_DIM,
+    Shapes,
+    VerifyArgs,
+    check_devices,
+    check_drafts,
+    check_indptrs,
+    check_lse,
+    check_max_n,
+    check_num_splits,
+    check_out,
+    check_pool,
+    check_prefix_hint,
+    check_q,
+    check_sm_scale,
+    check_values,
+    check_workspace,
+)
+from kdtree_engine.kernel.errors import VerifyArgumentError, argument_error
+from kdtree_engine.kernel.library import TARGETS, resolve_target
 
-__all__ = ["TARGETS", "VerifyArgumentError", "VerifyPlan", "resolve_target", "verify_attention"]
-
-HEAD_DIM = 576
-V_DIM = 512
-MAX_HEADS = 128
-MAX_DRAFTS = 128
+__all__ = ["HEAD_DIM", "MAX_DRAFTS", "MAX_HEADS", "TARGETS", "V_DIM", "Shapes", "VerifyArgs",
+           "VerifyArgumentError", "VerifyPlan", "check_arguments", "resolve_target", "verify",
+           "verify_attention"]
 
 #: ``torch.library`` name of the op (one op under ``torch.compile`` and graph capture).
 OP_NAME = "kdtree::verify_attention"
@@ -149,19 +169,6 @@ def debug_enabled() -> bool:
     return os.environ.get("KDTREE_DEBUG", "").lower() in ("1", "on", "true", "yes")
 
 
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """What the checks learned about a call (all host-side facts)."""
-
-    bs: int
-    total_tokens: int
-    num_heads: int
-    max_n: int
-    pool_size: int
-
-
 class VerifyPlan:
     """A step plan: the batch schedule of one verify step, made by the step's first call
     (``verify_attention(..., plan=plan, make_plan=True)``: a small kernel before that call's
@@ -184,7 +191,7 @@ class VerifyPlan:
         # an int is a CUDA ordinal; a device without an index is the current one
         dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
         if dev.type != "cuda":
-            raise _err("device", "a CUDA device for the plan", str(dev))
+            raise argument_error("device", "a CUDA device for the plan", str(dev))
         dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
         lib = library.load()
         if not lib.has_plan:
@@ -206,193 +213,37 @@ def _describe_plan_key(key: tuple[int, ...] | None) -> str:
     return f"bs={bs} num_heads={h} max_n={n} total_tokens={t}{splits} target={target}"
 
 
-def _check_dtype(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise _err(name, "a torch.Tensor", type(t).__name__)
-    if t.dtype not in dtypes:
-        raise _err(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
+def check_plan_args(a: VerifyArgs) -> None:
+    """``make_plan`` a bool, ``plan`` a :class:`VerifyPlan` or None, and one to make when
+    ``make_plan`` is set. (Whether the plan fits the call is checked at the launch: its
+    shape is the host's record of the call that made it.)"""
+    if not isinstance(a.make_plan, bool):
+        raise argument_error("make_plan", "a bool", repr(a.make_plan))
+    if a.plan is not None and not isinstance(a.plan, VerifyPlan):
+        raise argument_error("plan", "a VerifyPlan or None", type(a.plan).__name__)
+    if a.make_plan and a.plan is None:
+        raise argument_error("plan", "a VerifyPlan to make (make_plan=True)", None)
 
 
-def _latent_rows(name: str, t: torch.Tensor) -> tuple[int, int]:
-    """[R, 1, 576] or [R, 576] -> (R, row stride in elements)."""
-    if t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == HEAD_DIM:
-        return t.shape[0], t.stride(0)
-    if t.dim() == 2 and t.shape[1] == HEAD_DIM:
-        return t.shape[0], t.stride(0)
-    raise _err(name, f"shape [rows, 1, {HEAD_DIM}] or [rows, {HEAD_DIM}]", list(t.shape))
-
-
-def _has_memory(t: torch.Tensor) -> bool:
-    """Does ``t`` have real memory (an address)? Fake tensors (torch.compile's tracing,
-    ``torch.library.opcheck``) and meta tensors have none: address checks are skipped
-    for them and run again on the real tensors at the call."""
-    if t.device.type == "meta" or torch.compiler.is_compiling():  # dynamo traces fake tensors
-        return False
-    return not is_fake(t)
-
-
-def _check_rows(name: str, t: torch.Tensor, row_strides: Sequence[int]) -> None:
-    """Last dim contiguous, 16-byte aligned rows (the kernel moves 16 bytes at a time)."""
-    if t.stride(-1) != 1:
-        raise _err(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
-    if t.numel() and _has_memory(t) and t.data_ptr() % 16:
-        raise _err(name, "a 16-byte aligned data pointer", f"address {t.data_ptr():#x}")
-    for s in row_strides:
-        if s % 8:
-            raise _err(name, "row strides that are multiples of 8 elements (16 bytes)", list(t.stride()))
-
-
-def _check_index(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], length: int | None) -> None:
-    _check_dtype(name, t, dtypes)
-    if t.dim() != 1:
-        raise _err(name, "a 1-D tensor", f"shape {list(t.shape)}")
-    if length is not None and t.numel() != length:
-        raise _err(name, f"{length} elements (batch size + 1)", t.numel())
-    if not t.is_contiguous():
-        raise _err(name, "a contiguous tensor", f"strides {list(t.stride())}")
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    start = t.data_ptr()
-    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True))
-    return start, start + (last + 1) * t.element_size()
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do two dense tensors of one storage share bytes? Distinct storages never
-    alias; for strided views (which may interleave without sharing an element)
-    only a definite overlap of two contiguous tensors is reported."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    if not (a.is_contiguous() and b.is_contiguous()):
-        return False
-    if not (_has_memory(a) and _has_memory(b)):
-        return False  # no addresses to compare (fake/meta); checked on the real tensors
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    (x0, x1), (y0, y1) = _span(a), _span(b)
-    return x0 < y1 and y0 < x1
-
-
-def check_arguments(
-    q: torch.Tensor,
-    k_ext: torch.Tensor,
-    kv_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor,
-    mask_indptr: torch.Tensor,
-    sm_scale: float,
-    max_n: int,
-    out: torch.Tensor | None = None,
-    lse: torch.Tensor | None = None,
-    prefix_lens_cpu: Sequence[int] | torch.Tensor | None = None,
-    require_cuda: bool = True,
-    draft_slots: torch.Tensor | None = None,
-) -> Shapes:
-    """Every check that needs no device read; raises :class:`VerifyArgumentError`."""
-    _check_dtype("q", q, (torch.bfloat16,))
-    if q.dim() != 3 or q.shape[2] != HEAD_DIM:
-        raise _err("q", f"shape [tokens, heads, {HEAD_DIM}]", list(q.shape))
-    T, H = q.shape[0], q.shape[1]
-    if not 1 <= H <= MAX_HEADS:
-        raise _err("q", f"1..{MAX_HEADS} heads (q.shape[1])", H)
-    _check_rows("q", q, (q.stride(0), q.stride(1)))
-
-    if draft_slots is not None:  # the drafts' latents are read from the pool at these slots
-        _check_index("draft_slots", draft_slots, (torch.int64, torch.int32), None)
-        if draft_slots.numel() != T:
-            raise _err("draft_slots", f"{T} slot ids (one per draft token, as q.shape[0])", draft_slots.numel())
-        if k_ext is not None:
-            raise _err("k_ext", "None when draft_slots is given (the drafts come from one of them)", "a tensor")
-    else:
-        if k_ext is None:
-            raise _err("k_ext", "the drafts' latents [T, 1, 576] (or draft_slots: their slots in kv_buffer)", None)
-        _check_dtype("k_ext", k_ext, (torch.bfloat16,))
-        rows, k_st = _latent_rows("k_ext", k_ext)
-        if rows != T:
-            raise _err("k_ext", f"{T} rows (one latent per draft token, as q.shape[0])", rows)
-        _check_rows("k_ext", k_ext, (k_st,))
-
-    _check_dtype("kv_buffer", kv_buffer, (torch.bfloat16,))
-    pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
-    if pool < 1:
-        raise _err("kv_buffer", "at least one slot (slot 0 is the padding slot)", pool)
-    _check_rows("kv_buffer", kv_buffer, (kv_st,))
-
-    _check_dtype("qo_indptr", qo_indptr, (torch.int32, torch.int64))
-    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
-        raise _err("qo_indptr", "a 1-D tensor of batch size + 1 >= 1 elements", list(qo_indptr.shape))
-    bs = qo_indptr.numel() - 1
-    # The batch size comes from qo_indptr; when kv_indptr and mask_indptr agree on another
-    # length, qo_indptr is the odd one out and the error names it.
-    others = {t.numel() for t in (kv_indptr, mask_indptr) if isinstance(t, torch.Tensor) and t.dim() == 1}
-    if len(others) == 1 and qo_indptr.numel() not in others:
-        n = others.pop()
-        raise _err("qo_indptr", f"{n} elements (batch size + 1, as kv_indptr and mask_indptr have)",
-                   qo_indptr.numel())
-    _check_index("qo_indptr", qo_indptr, (torch.int32, torch.int64), bs + 1)
-    _check_index("kv_indptr", kv_indptr, (torch.int32, torch.int64), bs + 1)
-    _check_index("kv_indices", kv_indices, (torch.int64, torch.int32), None)
-    _check_index("custom_mask", custom_mask, (torch.bool, torch.uint8), None)
-    _check_index("mask_indptr", mask_indptr, (torch.int64,), bs + 1)
-
-    if isinstance(max_n, bool) or not isinstance(max_n, int):
-        raise _err("max_n", "a Python int (drafts per request, SGLang's max_extend_len)", type(max_n).__name__)
-    if not 0 <= max_n <= MAX_DRAFTS:
-        raise _err("max_n", f"0..{MAX_DRAFTS} drafts per request", max_n)
-    if T > bs * max_n:
-        raise _err("max_n", f"at least q.shape[0] / batch = {T}/{bs} drafts per request", max_n)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
-            or sm_scale <= 0:
-        raise _err("sm_scale", "a positive finite float (the softmax scale)", sm_scale)
-
-    if prefix_lens_cpu is not None:
-        lens = [int(x) for x in (prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else prefix_lens_cpu)]
-        if len(lens) != bs:
-            raise _err("prefix_lens_cpu", f"{bs} prefix lengths (one per request)", len(lens))
-        if any(x < 0 for x in lens):
-            raise _err("prefix_lens_cpu", "non-negative prefix lengths", lens)
-        if kv_indices.numel() < sum(lens):
-            raise _err("kv_indices", f">= {sum(lens)} slot ids (the sum of prefix lengths)", kv_indices.numel())
-        if T == bs * max_n:  # every request has exactly max_n drafts: the mask length is known
-            need = sum(max_n * (L + max_n) for L in lens)
-            if custom_mask.numel() < need:
-                raise _err(
-                    "custom_mask",
-                    f">= {need} entries (sum over requests of N x (prefix + N), N = {max_n})",
-                    custom_mask.numel(),
-                )
-
-    if out is not None:
-        _check_dtype("out", out, (torch.bfloat16,))
-        if list(out.shape) != [T, H, V_DIM]:
-            raise _err("out", f"shape [{T}, {H}, {V_DIM}]", list(out.shape))
-        _check_rows("out", out, (out.stride(0), out.stride(1)))
-        for name, t in (("q", q), ("k_ext", k_ext), ("kv_buffer", kv_buffer)):
-            if t is not None and _overlaps(out, t):
-                raise _err("out", f"memory that does not overlap '{name}'", "an overlapping view")
-    if lse is not None:
-        _check_dtype("lse", lse, (torch.float32,))
-        if list(lse.shape) != [T, H] or not lse.is_contiguous():
-            raise _err("lse", f"a contiguous tensor of shape [{T}, {H}]", f"{list(lse.shape)} strides {list(lse.stride())}")
-
+def check_arguments(a: VerifyArgs, *, require_cuda: bool = True) -> Shapes:
+    """Every check that needs no device read, in a fixed order (the first failing one
+    raises :class:`VerifyArgumentError` naming its argument); what they learned.
+    ``require_cuda`` False leaves out the device check (fake and meta tensors, CPU tests)."""
+    check_plan_args(a)
+    T, H = check_q(a.q)
+    check_drafts(a, T)
+    pool = check_pool(a.kv_buffer)
+    bs = check_indptrs(a)
+    check_max_n(a.max_n, T, bs)
+    check_sm_scale(a.sm_scale)
+    max_prefix_len = check_prefix_hint(a, T, bs)
+    check_out(a, T, H)
+    check_lse(a.lse, T, H)
     if require_cuda:
-        named = [("q", q), ("k_ext" if k_ext is not None else "draft_slots",
-                             k_ext if k_ext is not None else draft_slots), ("kv_buffer", kv_buffer),
-                 ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
-                 ("custom_mask", custom_mask), ("mask_indptr", mask_indptr)]
-        if out is not None:
-            named.append(("out", out))
-        if lse is not None:
-            named.append(("lse", lse))
-        if q.device.type != "cuda":
-            raise _err("q", "a CUDA tensor", q.device)
-        for name, t in named:
-            if t.device != q.device:
-                raise _err(name, f"a tensor on {q.device} (where q is)", t.device)
-    return Shapes(bs=bs, total_tokens=T, num_heads=H, max_n=max_n, pool_size=pool)
+        check_devices(a)
+    check_num_splits(a.num_splits)
+    check_workspace(a)
+    return Shapes(bs, T, H, a.max_n, pool, max_prefix_len)
 
 
 def choose_num_splits(
@@ -406,13 +257,14 @@ def choose_num_splits(
     132 SMs) would take two waves where 16 take one. So: as many splits as fit
     in one wave, none when the batch alone fills the GPU.
 
-    The device trims this per request (csrc/common.cuh ``split_plan``, issue 16):
-    each request takes ceil((prefix + N) / 128) splits at most, every one non-empty,
-    from the lengths it reads; the CTAs of the splits it does not need exit at once
-    and a request of one split skips the combine. So under CUDA-graph capture,
-    where no hint exists, a short replayed prefix costs no empty splits.
-    ``max_prefix_len`` (a host-side hint, e.g. SGLang's seq_lens_cpu) applies the
-    same rule to the longest request on the host, which only shrinks the grid.
+    The device trims this per request (csrc/common.cuh ``split_plan``): each request
+    takes ceil((prefix + N) / 128) splits at most, every one non-empty, from the
+    lengths it reads; the CTAs of the splits it does not need exit at once and a
+    request of one split skips the combine. So under CUDA-graph capture, where no
+    hint exists and the grid takes the GPU-filling count, a short replayed prefix
+    costs no empty splits. ``max_prefix_len`` (a host-side hint, e.g. SGLang's
+    seq_lens_cpu) applies the same rule to the longest request on the host, which
+    only shrinks the grid.
     """
     row_tiles = max(1, -(-max_n * num_heads // block_rows))
     ctas = max(1, bs * row_tiles)
@@ -477,116 +329,126 @@ class _Workspaces:
 _workspaces = _Workspaces()
 
 
-def _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool: int, max_n: int,
-                        draft_slots: torch.Tensor | None = None) -> None:
-    """KDTREE_DEBUG=1: check device values on the host (synchronises)."""
-    if draft_slots is not None and draft_slots.numel():
-        lo, hi = int(draft_slots.min()), int(draft_slots.max())
-        if lo < 0 or hi >= pool:
-            raise _err("draft_slots", f"slot ids in [0, {pool})", f"range [{lo}, {hi}]")
-    qo = qo_indptr.tolist()
-    kv = kv_indptr.tolist()
-    mi = mask_indptr.tolist()
-    T = q.shape[0]
-    for b in range(len(qo) - 1):
-        n = qo[b + 1] - qo[b]
-        if qo[b] < 0 or n < 0 or qo[b + 1] > T or n > max_n:
-            raise _err("qo_indptr", f"monotone values within [0, {T}] and at most max_n={max_n} apart", qo)
-        L = kv[b + 1] - kv[b]
-        if kv[b] < 0 or L < 0 or kv[b + 1] > kv_indices.numel():
-            raise _err("kv_indptr", f"monotone values within [0, {kv_indices.numel()}]", kv)
-        if n and (mi[b] < 0 or mi[b] + n * (L + n) > custom_mask.numel()):
-            raise _err("custom_mask", f"request {b}'s {n}x{L + n} mask rows inside its {custom_mask.numel()} entries "
-                       f"(mask_indptr[{b}]={mi[b]})", "rows past the end")
-        if L:
-            sl = kv_indices[kv[b] : kv[b + 1]]
-            lo, hi = int(sl.min()), int(sl.max())
-            if lo < 0 or hi >= pool:
-                raise _err("kv_indices", f"slot ids in [0, {pool}) for request {b}", f"range [{lo}, {hi}]")
+def _plan_mode(a: VerifyArgs, s: Shapes, device_index: int) -> tuple[int, int | None]:
+    """(the ABI's plan_mode, the split count) of a call: a plan must be on the call's
+    device, and one to read must have been made by a call of this shape, whose split count
+    this call then takes (None: chosen at the launch)."""
+    plan = a.plan
+    if plan is None:
+        return library.PLAN_NONE, a.num_splits
+    if plan.device != torch.device("cuda", device_index):
+        raise argument_error("plan", f"a VerifyPlan on {a.q.device}", f"one on {plan.device}")
+    if a.make_plan:
+        return library.PLAN_MAKE, a.num_splits
+    shape = (a.target, s.bs, s.num_heads, s.max_n, s.total_tokens)
+    if plan.key is None or plan.key[:5] != shape:
+        raise argument_error("plan", f"a plan made (make_plan=True) by a call of this shape, "
+                             f"{_describe_plan_key(shape)}", f"one made for {_describe_plan_key(plan.key)}")
+    if a.num_splits is not None and a.num_splits != plan.key[5]:
+        raise argument_error("num_splits", f"the plan's {plan.key[5]} (or None) with plan=", a.num_splits)
+    return library.PLAN_USE, plan.key[5]  # the grid the plan was made for
 
 
-def _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, sm_scale: float, max_n: int, num_splits: int, target: int = 0,
-            draft_slots: torch.Tensor | None = None, plan: VerifyPlan | None = None, plan_mode: int = 0) -> None:
+def _abi_args(a: VerifyArgs, s: Shapes, workspace: torch.Tensor, num_splits: int, plan_mode: int,
+              abi: int) -> library.KdtreeVerifyArgs:
+    """The C ABI's KdtreeVerifyArgs (csrc/kdtree_verify.h) of a checked call: the one place
+    that turns the call's tensors into addresses, strides and flags."""
+    q, out, kv = a.q, a.out, a.kv_buffer
+    c = library.KdtreeVerifyArgs()
+    c.abi_version = abi  # an ABI 2 library (A/B runs against older builds) reads the struct without the plan
+    c.q, c.q_stride_tok, c.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
+    if a.draft_slots is not None:  # the kernel reads the drafts from the pool at these slots
+        c.draft_slots, c.draft_slots_is_64 = a.draft_slots.data_ptr(), int(a.draft_slots.dtype == torch.int64)
+    else:  # [T, 1, 576] or [T, 576]: a row is stride(0) apart in both
+        c.k_ext, c.k_ext_stride_tok = a.k_ext.data_ptr(), a.k_ext.stride(0)
+    c.kv, c.kv_stride_slot, c.pool_size = kv.data_ptr(), kv.stride(0), s.pool_size
+    c.qo_indptr, c.qo_indptr_is_64 = a.qo_indptr.data_ptr(), int(a.qo_indptr.dtype == torch.int64)
+    c.kv_indptr, c.kv_indptr_is_64 = a.kv_indptr.data_ptr(), int(a.kv_indptr.dtype == torch.int64)
+    c.kv_indices, c.kv_indices_is_64 = a.kv_indices.data_ptr(), int(a.kv_indices.dtype == torch.int64)
+    c.kv_indices_len = a.kv_indices.numel()
+    c.mask, c.mask_len, c.mask_indptr = a.custom_mask.data_ptr(), a.custom_mask.numel(), a.mask_indptr.data_ptr()
+    c.o, c.o_stride_tok, c.o_stride_head = out.data_ptr(), out.stride(0), out.stride(1)
+    c.lse = a.lse.data_ptr() if a.lse is not None else None
+    c.workspace, c.workspace_bytes = workspace.data_ptr(), workspace.numel()
+    c.bs, c.num_heads, c.max_n, c.total_tokens = s.bs, s.num_heads, s.max_n, s.total_tokens
+    c.num_splits, c.sm_scale, c.target = num_splits, float(a.sm_scale), a.target
+    if a.plan is not None:
+        c.plan_mode, c.plan, c.plan_bytes = plan_mode, a.plan.buffer.data_ptr(), a.plan.buffer.numel()
+    return c
+
+
+def _launch(a: VerifyArgs, s: Shapes, workspace: torch.Tensor, num_splits: int, plan_mode: int,
+            debug: bool) -> None:
+    """Fill the ABI struct and launch on the current stream; with ``debug`` (KDTREE_DEBUG=1
+    outside graph capture) read the workspace's error word after it (synchronises)."""
     lib = library.load()
-    T, H = q.shape[0], q.shape[1]
-    pool, kv_st = _latent_rows("kv_buffer", kv_buffer)
-    a = library.KdtreeVerifyArgs()
-    a.abi_version = lib.abi  # an ABI 2 library (A/B runs) reads the struct without the plan fields
-    if plan is not None:
-        a.plan_mode, a.plan, a.plan_bytes = plan_mode, plan.buffer.data_ptr(), plan.buffer.numel()
-    a.q, a.q_stride_tok, a.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
-    if draft_slots is not None:  # the kernel reads the drafts from the pool at these slots
-        a.draft_slots, a.draft_slots_is_64 = draft_slots.data_ptr(), int(draft_slots.dtype == torch.int64)
-    else:
-        _, k_st = _latent_rows("k_ext", k_ext)
-        a.k_ext, a.k_ext_stride_tok = k_ext.data_ptr(), k_st
-    a.kv, a.kv_stride_slot, a.pool_size = kv_buffer.data_ptr(), kv_st, pool
-    a.qo_indptr, a.kv_indptr = qo_indptr.data_ptr(), kv_indptr.data_ptr()
-    a.qo_indptr_is_64 = int(qo_indptr.dtype == torch.int64)
-    a.kv_indptr_is_64 = int(kv_indptr.dtype == torch.int64)
-    a.kv_indices, a.kv_indices_is_64 = kv_indices.data_ptr(), int(kv_indices.dtype == torch.int64)
-    a.kv_indices_len = kv_indices.numel()
-    a.mask, a.mask_indptr, a.mask_len = custom_mask.data_ptr(), mask_indptr.data_ptr(), custom_mask.numel()
-    a.o, a.o_stride_tok, a.o_stride_head = out.data_ptr(), out.stride(0), out.stride(1)
-    a.lse = lse.data_ptr() if lse is not None else None
-    a.workspace, a.workspace_bytes = workspace.data_ptr(), workspace.numel()
-    a.bs, a.num_heads, a.max_n, a.total_tokens = qo_indptr.numel() - 1, H, max_n, T
-    a.num_splits, a.sm_scale, a.target = num_splits, float(sm_scale), target
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    rc = lib.verify_attn(a, stream)
+    stream = torch.cuda.current_stream(a.q.device).cuda_stream
+    rc = lib.verify_attn(_abi_args(a, s, workspace, num_splits, plan_mode, lib.abi), stream)
     if rc != library.OK:
         raise RuntimeError(f"kdtree verify kernel failed (code {rc}): {lib.last_error()}")
-    if debug_enabled() and not torch.cuda.is_current_stream_capturing():
+    if debug:
         bits = lib.read_device_error(workspace.data_ptr(), stream)
         if bits:
             raise RuntimeError(f"kdtree verify kernel flagged bad device values: {library.describe_device_error(bits)}")
 
 
-def _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
-         workspace: torch.Tensor | None, sm_scale: float, max_n: int, num_splits: int | None,
-         max_prefix_len: int | None, target: int = 0, draft_slots: torch.Tensor | None = None,
-         plan: VerifyPlan | None = None, make_plan: bool = False) -> None:
-    """Choose the splits and the workspace (host-side, from the library), then launch.
-    Shared by the eager path and the custom op's CUDA implementation."""
+def _run(a: VerifyArgs, s: Shapes) -> None:
+    """Choose the plan mode, the splits and the workspace (host-side, from the library),
+    then launch. Shared by the eager path and the custom op's CUDA implementation."""
     lib = library.load()
-    T, H = q.shape[0], q.shape[1]
+    q = a.q
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    bs = qo_indptr.numel() - 1
-    plan_mode = library.PLAN_NONE
-    if plan is not None:
-        if plan.device != torch.device("cuda", dev):
-            raise _err("plan", f"a VerifyPlan on {q.device}", f"one on {plan.device}")
-        shape = (target, bs, H, max_n, T)
-        if make_plan:
-            plan_mode = library.PLAN_MAKE
-        else:
-            plan_mode = library.PLAN_USE
-            if plan.key is None or plan.key[:5] != shape:
-                got = _describe_plan_key(plan.key)
-                raise _err("plan", f"a plan made (make_plan=True) by a call of this shape, {_describe_plan_key(shape)}",
-                           f"one made for {got}")
-            if num_splits is not None and num_splits != plan.key[5]:
-                raise _err("num_splits", f"the plan's {plan.key[5]} (or None) with plan=", num_splits)
-            num_splits = plan.key[5]  # the grid the plan was made for, whatever this call's hint
+    plan_mode, num_splits = _plan_mode(a, s, dev)
     if num_splits is None:
-        num_splits = choose_num_splits(bs, max_n, H, _sm_count(dev), lib.block_rows(dev, target),
-                                       max_prefix_len)
-    need = lib.workspace_bytes(T * H, num_splits)
+        num_splits = choose_num_splits(s.bs, s.max_n, s.num_heads, _sm_count(dev), lib.block_rows(dev, a.target),
+                                       s.max_prefix_len)
+    need = lib.workspace_bytes(s.total_tokens * s.num_heads, num_splits)
+    workspace = a.workspace
     if workspace is None:
         workspace = _workspaces.get(q.device, need)
     elif workspace.numel() < need:
-        raise _err("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
-                   f"{workspace.numel()} bytes on {workspace.device}")
-    if debug_enabled() and not torch.cuda.is_current_stream_capturing():
-        pool, _ = _latent_rows("kv_buffer", kv_buffer)
-        _debug_check_values(q, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, pool, max_n, draft_slots)
-    if plan is not None and make_plan:
-        plan.key = None  # until the launch below succeeds: a failed making call leaves no plan to use
-    _launch(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-            out, lse, workspace, float(sm_scale), max_n, num_splits, target, draft_slots, plan, plan_mode)
-    if plan is not None and make_plan:
-        plan.key = (target, bs, H, max_n, T, num_splits)
+        raise argument_error("workspace", f"a contiguous uint8 tensor of >= {need} bytes on {q.device}",
+                             f"{workspace.numel()} bytes on {workspace.device}")
+    debug = debug_enabled() and not torch.cuda.is_current_stream_capturing()  # both synchronise
+    if debug:
+        check_values(a, s)
+    making = plan_mode == library.PLAN_MAKE
+    if making:
+        a.plan.key = None  # until the launch below succeeds: a failed making call leaves no plan to use
+    _launch(a, s, workspace, num_splits, plan_mode, debug)
+    if making:
+        a.plan.key = (a.target, s.bs, s.num_heads, s.max_n, s.total_tokens, num_splits)
+
+
+def verify(a: VerifyArgs) -> None:
+    """Check ``a`` once and run the kernel into ``a.out`` (and ``a.lse``): what
+    :func:`verify_attention` does after building the arguments, for a caller that builds
+    them itself (the SGLang plugin). ``a.out`` must be given. Under ``torch.compile`` the
+    call is the opaque ``kdtree::verify_attention`` op (its fake runs these checks again)."""
+    s = check_arguments(a)
+    if a.out is None:
+        raise argument_error("out", f"an output tensor [{s.total_tokens}, {s.num_heads}, {V_DIM}] bf16 "
+                             "(verify_attention allocates one; verify writes into the caller's)", None)
+    if not torch.compiler.is_compiling():  # eager and CUDA-graph capture: no dispatcher overhead
+        _run(a, s)
+        return
+    if a.plan is not None:
+        raise argument_error("plan", "None under torch.compile (the op is opaque there; plan in eager or "
+                             "graph-captured code)", repr(a.plan))
+    torch.ops.kdtree.verify_attention(
+        a.q, a.k_ext, a.kv_buffer, a.qo_indptr, a.kv_indptr, a.kv_indices, a.custom_mask, a.mask_indptr,
+        a.out, a.lse, a.workspace, float(a.sm_scale), a.max_n, a.num_splits or 0,
+        -1 if s.max_prefix_len is None else int(s.max_prefix_len), a.target, a.draft_slots)
+
+
+def _op_args(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
+             workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots) -> VerifyArgs:
+    """The custom op's flat arguments (the signature torch.library needs) as the call's
+    object: ``num_splits`` 0 and ``max_prefix_len`` -1 mean none."""
+    return VerifyArgs(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, sm_scale,
+                      max_n, out=out, lse=lse, workspace=workspace, num_splits=num_splits or None,
+                      max_prefix_len=None if max_prefix_len < 0 else max_prefix_len, target=target,
+                      draft_slots=draft_slots)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=("out", "lse", "workspace"), device_types="cuda")
@@ -611,18 +473,39 @@ def _verify_attention_op(
 ) -> None:
     """The op torch.compile sees. ``num_splits`` 0 and ``workspace`` None: chosen at run
     time (the per-stream workspace); ``max_prefix_len`` -1: no hint; ``target`` the ABI's
-    KDTREE_TARGET_* code; ``draft_slots`` (with ``k_ext`` None): the drafts' pool slots."""
-    _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse, workspace,
-         sm_scale, max_n, num_splits or None, None if max_prefix_len < 0 else max_prefix_len, target, draft_slots)
+    KDTREE_TARGET_* code; ``draft_slots`` (with ``k_ext`` None): the drafts' pool slots.
+
+    The compiled code runs this without the checks: the call's arguments were checked once,
+    when it was traced (by verify_attention on the fake tensors, devices included, and by the
+    fake below), and the library checks alignment, strides and sizes again at the launch."""
+    a = _op_args(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
+                 workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots)
+    _run(a, Shapes(bs=qo_indptr.numel() - 1, total_tokens=q.shape[0], num_heads=q.shape[1], max_n=max_n,
+                   pool_size=kv_buffer.shape[0], max_prefix_len=a.max_prefix_len))
 
 
 @_verify_attention_op.register_fake
 def _(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
       out, lse, workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots=None) -> None:
     # The same host-side checks as an eager call, on fake tensors (shapes, dtypes, strides).
-    check_arguments(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-                    sm_scale, max_n, out, lse, require_cuda=False, draft_slots=draft_slots)
+    check_arguments(_op_args(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out,
+                             lse, workspace, sm_scale, max_n, num_splits, max_prefix_len, target, draft_slots),
+                    require_cuda=False)
     return None
+
+
+def _new_outputs(q: object, out: torch.Tensor | None, lse: torch.Tensor | None,
+                 return_lse: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``out`` [T, H, 512] bf16 (and ``lse`` [T, H] fp32 with ``return_lse``) where the
+    caller gave none, shaped from q. A q of another form gets none: the checks refuse it."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        return out, lse
+    T, H = q.shape[0], q.shape[1]
+    if out is None:
+        out = torch.empty((T, H, V_DIM), dtype=torch.bfloat16, device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    return out, lse
 
 
 def verify_attention(
@@ -675,41 +558,15 @@ def verify_attention(
     Under ``torch.compile`` the call is one opaque op (``kdtree::verify_attention``)
     whose fake implementation runs the same checks; the library is consulted
     only when the compiled code runs.
+
+    The arguments become one :class:`VerifyArgs`, checked once by :func:`check_arguments`
+    and read by the launch (:func:`verify` runs one built elsewhere).
     """
     tcode = resolve_target(target)
-    if not isinstance(make_plan, bool):
-        raise _err("make_plan", "a bool", repr(make_plan))
-    if plan is not None and not isinstance(plan, VerifyPlan):
-        raise _err("plan", "a VerifyPlan or None", type(plan).__name__)
-    if make_plan and plan is None:
-        raise _err("plan", "a VerifyPlan to make (make_plan=True)", None)
-    if prefix_lens_cpu is not None and max_prefix_len is None:
-        lens = prefix_lens_cpu.tolist() if isinstance(prefix_lens_cpu, torch.Tensor) else list(prefix_lens_cpu)
-        max_prefix_len = max(lens, default=0)
-    shapes = check_arguments(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
-                             sm_scale, max_n, out, lse, prefix_lens_cpu, draft_slots=draft_slots)
-    T, H = shapes.total_tokens, shapes.num_heads
-    if out is None:
-        out = torch.empty((T, H, V_DIM), dtype=torch.bfloat16, device=q.device)
-    if lse is None and return_lse:
-        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or not 1 <= num_splits <= 65535):
-        raise _err("num_splits", "an int in [1, 65535]", num_splits)
-    if workspace is not None:
-        _check_dtype("workspace", workspace, (torch.uint8,))
-        if workspace.device != q.device or not workspace.is_contiguous():
-            raise _err("workspace", f"a contiguous uint8 tensor on {q.device}",
-                       f"{workspace.numel()} bytes on {workspace.device}")
-    if torch.compiler.is_compiling():  # one opaque op in the compiled graph
-        if plan is not None:
-            raise _err("plan", "None under torch.compile (the op is opaque there; plan in eager or "
-                       "graph-captured code)", repr(plan))
-        torch.ops.kdtree.verify_attention(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-                                          mask_indptr, out, lse, workspace, float(sm_scale), max_n,
-                                          num_splits or 0, -1 if max_prefix_len is None else int(max_prefix_len),
-                                          tcode, draft_slots)
-    else:  # eager and CUDA-graph capture: skip the dispatcher's Python overhead
-        _run(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out, lse,
-             workspace, sm_scale, max_n, num_splits, max_prefix_len, tcode, draft_slots, plan, make_plan)
+    if out is None or (lse is None and return_lse):
+        out, lse = _new_outputs(q, out, lse, return_lse)
+    verify(VerifyArgs(q, k_ext, kv_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, sm_scale,
+                      max_n, out=out, lse=lse, num_splits=num_splits, max_prefix_len=max_prefix_len,
+                      prefix_lens_cpu=prefix_lens_cpu, workspace=workspace, target=tcode,
+                      draft_slots=draft_slots, plan=plan, make_plan=make_plan))
     return (out, lse) if return_lse else out

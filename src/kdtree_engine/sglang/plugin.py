@@ -378,35 +378,35 @@ def _prefix_hint(forward_batch: Any, bs: int) -> torch.Tensor | None:
     return lens
 
 
-def prepare(call: VerifyCall) -> dict[str, Any]:
-    """The kernel's arguments from SGLang's own tensors and metadata (no device read)."""
+def prepare(call: VerifyCall, lib: Any) -> tuple[Any, torch.Tensor]:
+    """The kernel's arguments, one :class:`~kdtree_engine.kernel.args.VerifyArgs` built from
+    SGLang's own tensors and metadata (no device read), and the tensor SGLang's
+    forward_extend returns, ``[tokens, heads * 512]``, which the kernel writes (``out`` is a
+    view of it). ``lib``: the loaded kernel library (whether it takes a step plan)."""
+    from kdtree_engine.kernel import op
+
     b, layer, fb, m = call.backend, call.layer, call.forward_batch, call.metadata
     heads = layer.tp_q_head_num
     attn_out = getattr(fb, "_attn_output", None)  # as SGLang's forward_extend reads it (optional there)
-    # The tensor SGLang's forward_extend returns: [tokens, heads * v_head_dim].
     o = attn_out if attn_out is not None else call.q.new_empty((call.q.shape[0], heads * layer.v_head_dim))
+    q = call.q.view(-1, heads, layer.qk_head_dim)
     kv_buffer = b.token_to_kv_pool.get_key_buffer(layer.layer_id)
     # k None: SGLang wrote the drafts' latents to the pool at out_cache_loc; the kernel
     # reads them there (no gather). The indptrs go in as SGLang keeps them (int64 or int32).
     k_ext = None if call.k is None else call.k.contiguous()
-    draft_slots = fb.out_cache_loc if call.k is None else None
-    qo_indptr = m.qo_indptr
-    return {
-        "o": o,
-        "q": call.q.view(-1, heads, layer.qk_head_dim),
-        "k_ext": k_ext,
-        "kv_buffer": kv_buffer,
-        "qo_indptr": qo_indptr,
-        "kv_indptr": m.kv_indptr,
-        "draft_slots": draft_slots,
-        "kv_indices": m.kv_indices,
-        "custom_mask": m.custom_mask,
-        "mask_indptr": _as_dtype(m.mask_indptr, torch.int64),
-        "sm_scale": float(layer.scaling),
-        "max_n": int(m.max_extend_len),
-        "out": o.view(-1, heads, layer.v_head_dim),
-        "prefix_lens_cpu": _prefix_hint(fb, qo_indptr.numel() - 1),
-    }
+    mask_indptr = _as_dtype(m.mask_indptr, torch.int64)
+    prefix_lens = _prefix_hint(fb, m.qo_indptr.numel() - 1)
+    target = op.resolve_target(None)  # KDTREE_TARGET, read per call as verify_attention does
+    # last: it marks the step's plan as made by this call
+    plan, make_plan = step_plan(call, q.device, lib)
+    args = op.VerifyArgs(
+        q=q, k_ext=k_ext, kv_buffer=kv_buffer, qo_indptr=m.qo_indptr, kv_indptr=m.kv_indptr,
+        kv_indices=m.kv_indices, custom_mask=m.custom_mask, mask_indptr=mask_indptr,
+        sm_scale=float(layer.scaling), max_n=int(m.max_extend_len), out=o.view(-1, heads, layer.v_head_dim),
+        prefix_lens_cpu=prefix_lens, target=target, draft_slots=fb.out_cache_loc if call.k is None else None,
+        plan=plan, make_plan=make_plan,
+    )
+    return args, o
 
 
 class _StepPlan:
@@ -470,15 +470,11 @@ def write_loc(call: VerifyCall) -> Any:
                       full_loc=fallback.optional(md, "out_cache_loc_full_physical"))
 
 
-def _launch(a: dict[str, Any]) -> None:
-    from kdtree_engine.kernel.op import verify_attention
+def _launch(a: Any) -> None:
+    """Check prepare()'s arguments and run the kernel into their ``out``."""
+    from kdtree_engine.kernel.op import verify
 
-    verify_attention(
-        a["q"], a["k_ext"], a["kv_buffer"], a["qo_indptr"], a["kv_indptr"], a["kv_indices"],
-        a["custom_mask"], a["mask_indptr"], a["sm_scale"], a["max_n"],
-        out=a["out"], prefix_lens_cpu=a["prefix_lens_cpu"], draft_slots=a["draft_slots"],
-        plan=a.get("plan"), make_plan=a.get("make_plan", False),
-    )
+    verify(a)
 
 
 def _describe_error(e: BaseException) -> str:
@@ -508,8 +504,7 @@ def run_verify(original: Callable[..., Any], call: VerifyCall, args: tuple[Any, 
         _runtime.note(K_DEVICE, logging.WARNING, why)
         return original(backend, *args, **kwargs)
     try:
-        a = prepare(call)
-        a["plan"], a["make_plan"] = step_plan(call, a["q"].device, lib)
+        a, o = prepare(call, lib)
     except Exception as e:  # noqa: BLE001 - a layout SGLang's path handles and ours does not
         _runtime.note(K_PREPARE, logging.WARNING, _describe_error(e))
         return original(backend, *args, **kwargs)
@@ -527,8 +522,8 @@ def run_verify(original: Callable[..., Any], call: VerifyCall, args: tuple[Any, 
         _runtime.disable(f"kernel failed: {_describe_error(e)}")
         _runtime.note(K_FAILED, logging.WARNING)
         return _original_without_save(original, call)
-    _runtime.count_kernel_call(a["plan"], a["make_plan"])
-    return a["o"]
+    _runtime.count_kernel_call(a.plan, a.make_plan)
+    return o
 
 
 def _original_without_save(original: Callable[..., Any], call: VerifyCall) -> Any:
