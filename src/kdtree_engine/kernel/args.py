@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import is_fake
 from kdtree_engine.kernel.errors import argument_error
 
 if TYPE_CHECKING:
-    from kdtree_engine.kernel.op import VerifyPlan
+    from kdtree_engine.kernel.plan import VerifyPlan
 
 #: the latent width of a query and a key (512 nope + 64 rope), the C ABI's KDTREE_HEAD_DIM
 HEAD_DIM = 576
