@@ -143,6 +143,7 @@ def test_a_launch_refuses_a_port_that_something_else_holds(tmp_path, small):
     assert r.problems == [f"something already listens on port {run.port}: stop it or pass another --port, so that "
                           "the checks reach the server this launch starts"]
     assert not r.started
+    assert run.done("off-eager") is None  # the next invocation, the port freed, runs it
 
 
 def test_a_server_that_dies_at_start_is_reported_with_its_log(tmp_path, small):

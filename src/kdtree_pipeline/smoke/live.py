@@ -334,8 +334,7 @@ class Run:
         if _listening(self.port):
             r.problems.append(f"something already listens on port {self.port}: stop it or pass another --port, "
                               "so that the checks reach the server this launch starts")
-            self.save(r)
-            return r
+            return r  # not saved: a port held by something else says nothing of this code; run it again
         argv = self.argv(launch, self.model_dir, self.port)
         env = server_env(launch, self.paths, self.cache)
         server = ServerProcess(argv, log, kdtree_verify=None, extra_env=env, grace_s=60.0)
