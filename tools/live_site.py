@@ -38,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 #: What the bundle is built around, exactly.
 TOP = ("sglang==0.5.17", "sglang-kernel==0.4.5", "flashinfer-python==0.6.15.post1", "cuda-python==13.0.3",
        "transformers==5.12.1", "tokenizers==0.22.2",
-       "jsonschema==4.26.0")  # imported by the HTTP server's chat endpoint; sglang does not require it
+       "jsonschema==4.26.0",  # imported by the HTTP server's chat endpoint; sglang does not require it
+       "dill==0.4.0")  # imported at load by sampling/custom_logit_processor; only excluded packages require it
 #: Requirements never bundled: the host's own (torch, triton), what TOP pins, the stand-ins' packages,
 #: and optional kernel or media packages no path of the smoke gate imports.
 EXCLUDED = set("""
