@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from kdtree_pipeline.smoke import compare as C
-from kdtree_pipeline.smoke import gate, live
+from kdtree_pipeline.smoke import gate, imports, live
 from kdtree_pipeline.smoke import model as M
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +199,19 @@ def test_a_run_resumes_only_launches_done_on_the_same_code(tmp_path):
     assert run.done("on-eager") is None
 
 
+def test_a_bundle_made_again_is_a_new_site_for_the_saved_launches(tmp_path):
+    bundle = tmp_path / "live.tar.xz"
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "mod.py").write_text("")
+    subprocess.run(["tar", "-cJf", str(bundle), "-C", str(tmp_path / "x"), "mod.py"], check=True)
+    site = live.prepare_site(bundle, tmp_path / "site")
+    first = live.site_stamp(site)
+    assert live.site_stamp(live.prepare_site(bundle, tmp_path / "site")) == first  # kept, not unpacked again
+    os.utime(bundle, (1, 1))
+    assert live.site_stamp(live.prepare_site(bundle, tmp_path / "site")) != first
+    assert live.site_stamp(tmp_path / "x") == str((tmp_path / "x").resolve())  # an unpacked folder given as is
+
+
 def test_the_server_finds_the_plugin_by_the_entry_point_pyproject_declares(tmp_path):
     d = live.entry_point_dir(ROOT, tmp_path)
     (info,) = d.iterdir()
@@ -274,3 +290,32 @@ def test_without_a_gpu_the_gate_fails_with_one_sentence_and_a_record(tmp_path, m
     rec = json.loads((tmp_path / "ev" / "smoke.json").read_text())
     assert rec["passed"] is False and "no nvidia-smi" in rec["reason"]
     assert not (tmp_path / "run").exists()  # nothing started, nothing unpacked
+
+
+def _package(root, files):
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_the_import_check_names_every_missing_package_in_one_run(tmp_path):
+    _package(tmp_path, {"srv/__init__.py": "", "srv/a.py": "import dillx\nfrom dillx.detect import trace\nX = dillx.P(1)\n",
+                        "srv/b.py": "import zmqx\nclass S(zmqx.Socket):\n    pass\n", "srv/ok.py": "import json\n"})
+    problems = imports.check(sys.executable, {"PYTHONPATH": str(tmp_path)}, ["srv.a", "srv.ok", "srv.b"])
+    assert problems == ["the live bundle lacks dillx (imported under srv.a), zmqx (imported under srv.b): "
+                        "add the packages to tools/live_site.py and make the bundle again"]
+    assert imports.check(sys.executable, {"PYTHONPATH": str(tmp_path)}, ["srv.ok"]) == []
+
+
+def test_the_import_check_stops_at_a_fault_that_is_not_a_missing_package(tmp_path):
+    _package(tmp_path, {"srv/__init__.py": "", "srv/boom.py": "raise RuntimeError('no GPU driver')\n",
+                        "srv/sub.py": "import srv.nosuch\n", "srv/later.py": "import never_reached_x\n"})
+    env = {"PYTHONPATH": str(tmp_path)}
+    assert imports.check(sys.executable, env, ["srv.boom", "srv.later"]) == [
+        "importing srv.boom failed: RuntimeError: no GPU driver"]
+    # a module of a package that is there is that package's fault, not the bundle's
+    assert imports.check(sys.executable, env, ["srv.sub"]) == [
+        "importing srv.sub failed: ModuleNotFoundError: No module named 'srv.nosuch'"]
+    assert "exited" in imports.check(sys.executable, {"PYTHONPATH": str(tmp_path), "PYTHONHOME": "/nonexistent"},
+                                     ["srv.sub"])[0]

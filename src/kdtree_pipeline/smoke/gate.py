@@ -3,7 +3,8 @@
     python -m kdtree_pipeline smoke [--launches typo,off-eager,...] [--out DIR] [--budget-s S]
 
 On a GPU host with the live bundle (``tools/live_site.py`` makes ``.live/live.tar.xz``), the
-gate writes the model (:mod:`.model`: one TP8 rank of Kimi K2.6 per layer, generated weights),
+gate first checks that the server's Python imports what a server start imports (:mod:`.imports`:
+one failure naming every package the bundle lacks), then writes the model (:mod:`.model`: one TP8 rank of Kimi K2.6 per layer, generated weights),
 then starts SGLang once per launch (:data:`.live.LAUNCHES`): ``KDTREE_VERIFY=typo`` must stop the
 launch with the plugin's message; kernel off and on, eager and with CUDA graphs, serve greedy
 outputs that :mod:`.compare` holds to a bf16 tolerance, the speculative figures, a streamed
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import evidence
-from . import live
+from . import imports, live
 from . import model as M
 from .compare import compare
 
@@ -222,10 +223,17 @@ def main(argv: list[str]) -> int:
         evidence.write_record(evidence.make_record(GATE, False, {}, "not run", reason=why))
         return 1
     site_dir = site if site.is_dir() else live.prepare_site(site, out / "site")
+    # a launch saved on this code and this bundle is done; one bundle made again is not
+    run = live.Run(out, out / "model", [site_dir], root=root, port=args.port, ready_timeout=args.ready_timeout,
+                   code=f"{evidence.content_hash(root)} {live.site_stamp(site_dir)}")
+    cannot = imports.check(run.python, live.server_env(live.LAUNCHES["off-eager"], run.paths, run.cache), cwd=out)
+    if cannot:
+        why = "the server cannot start: " + "; ".join(cannot)
+        print(f"smoke: FAILED: {why}", file=sys.stderr)
+        evidence.write_record(evidence.make_record(GATE, False, {}, "live smoke failed", reason=why[:2000]))
+        return 1
     spec = M.ModelSpec(layers=args.layers)
     print(f"smoke: model {M.write(out / 'model', spec)}", flush=True)
-    run = live.Run(out, out / "model", [site_dir], root=root, port=args.port, ready_timeout=args.ready_timeout,
-                   code=evidence.content_hash(root))
     try:
         with _stop_on_sigterm():
             results = live.run_launches(run, names, budget_s=args.budget_s)

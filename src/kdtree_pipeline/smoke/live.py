@@ -520,6 +520,12 @@ def prepare_site(bundle: Path, dest: Path) -> Path:
     return dest
 
 
+def site_stamp(site: Path) -> str:
+    """Which bundle a site folder was unpacked from (:func:`prepare_site`), or the folder itself."""
+    stamp = site / ".from"
+    return stamp.read_text() if stamp.is_file() else str(site.resolve())
+
+
 def run_launches(run: Run, names: list[str], *, budget_s: float | None = None, progress=print
                  ) -> dict[str, LaunchResult]:
     """Run each named launch not already done on this code, in order; stop starting new ones
