@@ -207,8 +207,12 @@ def test_a_bundle_made_again_is_a_new_site_for_the_saved_launches(tmp_path):
     site = live.prepare_site(bundle, tmp_path / "site")
     first = live.site_stamp(site)
     assert live.site_stamp(live.prepare_site(bundle, tmp_path / "site")) == first  # kept, not unpacked again
-    os.utime(bundle, (1, 1))
+    os.utime(bundle, (1, 1))  # a copy of the same bundle (a device call's) is the same site
+    assert live.site_stamp(live.prepare_site(bundle, tmp_path / "site")) == first
+    (tmp_path / "x" / "extra.py").write_text("")
+    subprocess.run(["tar", "-cJf", str(bundle), "-C", str(tmp_path / "x"), "mod.py", "extra.py"], check=True)
     assert live.site_stamp(live.prepare_site(bundle, tmp_path / "site")) != first
+    assert (tmp_path / "site" / "extra.py").is_file()
     assert live.site_stamp(tmp_path / "x") == str((tmp_path / "x").resolve())  # an unpacked folder given as is
 
 

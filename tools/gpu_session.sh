@@ -4,7 +4,7 @@
 # order. Evidence goes to /tmp/ev, bench reports to /tmp/bench, the integrate gate's worker
 # logs to /tmp/integrate-logs; all three come back as $OUT/results.tgz, packed again after
 # every step (the device tool returns only a few files from $OUT, so one archive, not many).
-#   carry: .site build/lib (the smoke step: .live/live.tar.xz build/lib)
+#   carry: .site build/lib (the smoke step: .live build/lib)
 #   usage: bash tools/gpu_session.sh <commit> step...
 # <commit>: the full sha of this checkout's HEAD, written out on the CPU machine. Never
 # $(git rev-parse HEAD) in the device command: the device copy's .git is not this
@@ -16,6 +16,9 @@
 #        SMOKE_ARGS (smoke: more flags, e.g. "--launches off-eager,on-eager --budget-s 500"),
 #        LIVE_SITE (smoke: the live bundle, default .live/live.tar.xz; on a warm machine the folder
 #        /tmp/smoke/site a first call unpacked serves a second call that carries no bundle)
+# smoke over two calls: after the first, put its smoke/launch-*.json in .live/resume and carry
+# .live again; the second goes on from them on any machine (a launch counts as done only on
+# the same code and the same bundle bytes)
 # Bring the evidence back and record it on the CPU machine: invoke record --evidence <dir>/ev.
 set -uo pipefail
 commit=$1; shift
@@ -60,7 +63,10 @@ for step in "$@"; do
     bench-frag) $BENCH fragmentation ;;
     bench-graph) python3 -m kdtree_pipeline bench --suite graph --out /tmp/bench ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS ;;
-    smoke) # SGLang 0.5.17 serving through the plugin; resumable: run the same step again to go on
+    smoke) # SGLang 0.5.17 serving through the plugin; resumable: run the same step again to go on.
+           # On a fresh machine, the launches an earlier call finished come from .live/resume
+           # (their launch-*.json out of that call's results.tgz); a warm machine's own win (-n)
+           mkdir -p /tmp/smoke && { [ -d .live/resume ] && cp -n .live/resume/launch-*.json /tmp/smoke/ 2>/dev/null; true; }
            python3 -m kdtree_pipeline smoke --out /tmp/smoke --site ${LIVE_SITE:-.live/live.tar.xz} ${SMOKE_ARGS:-} ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

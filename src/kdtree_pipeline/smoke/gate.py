@@ -223,9 +223,11 @@ def main(argv: list[str]) -> int:
         evidence.write_record(evidence.make_record(GATE, False, {}, "not run", reason=why))
         return 1
     site_dir = site if site.is_dir() else live.prepare_site(site, out / "site")
-    # a launch saved on this code and this bundle is done; one bundle made again is not
+    # a launch saved on this code, this bundle and this GPU is done: a bundle made again runs its
+    # launches again, and one table never holds figures of two GPUs
+    gpu_name = (evidence.device_info() or {}).get("name", "")
     run = live.Run(out, out / "model", [site_dir], root=root, port=args.port, ready_timeout=args.ready_timeout,
-                   code=f"{evidence.content_hash(root)} {live.site_stamp(site_dir)}")
+                   code=f"{evidence.content_hash(root)} {live.site_stamp(site_dir)} {gpu_name}")
     cannot = imports.check(run.python, live.server_env(live.LAUNCHES["off-eager"], run.paths, run.cache), cwd=out)
     if cannot:
         why = "the server cannot start: " + "; ".join(cannot)
@@ -246,8 +248,7 @@ def main(argv: list[str]) -> int:
         print(f"smoke: INCOMPLETE: {', '.join(left)} not run yet; run the same command again to go on", file=sys.stderr)
         return INCOMPLETE
     ev = evaluate(results, names)
-    info = evidence.device_info() or {}
-    gpu = info.get("name") or "the GPU"
+    gpu = gpu_name or "the GPU"
     passed = not ev["problems"]
     metrics = {"launches": {n: {"passed": r.passed, "ready_s": r.ready_s, "seconds": r.seconds,
                                 "kernel_calls": r.plugin.get("kernel_calls"),

@@ -13,6 +13,7 @@ decode speed on against off, and the faults.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -507,9 +508,13 @@ class Run:
 
 def prepare_site(bundle: Path, dest: Path) -> Path:
     """Unpack the live bundle (``tools/live_site.py``) once; a folder already unpacked from the
-    same bundle is kept."""
+    same bundle (by its bytes, wherever it lies: a device call gets a copy) is kept."""
     stamp = dest / ".from"
-    want = f"{bundle.resolve()} {bundle.stat().st_size} {int(bundle.stat().st_mtime)}"
+    digest = hashlib.sha256()
+    with open(bundle, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    want = f"sha256:{digest.hexdigest()}"
     if stamp.is_file() and stamp.read_text() == want:
         return dest
     if dest.exists():
