@@ -18,7 +18,7 @@
 #        /tmp/smoke/site a first call unpacked serves a second call that carries no bundle)
 # smoke over two calls: after the first, put its smoke/launch-*.json in .live/resume and carry
 # .live again; the second goes on from them on any machine (a launch counts as done only on
-# the same code and the same bundle bytes)
+# the same code, the same bundle bytes and the same GPU model)
 # Bring the evidence back and record it on the CPU machine: invoke record --evidence <dir>/ev.
 set -uo pipefail
 commit=$1; shift

@@ -4,8 +4,8 @@
 
 On a GPU host with the live bundle (``tools/live_site.py`` makes ``.live/live.tar.xz``), the
 gate first checks that the server's Python imports what a server start imports (:mod:`.imports`:
-one failure naming every package the bundle lacks), then writes the model (:mod:`.model`: one TP8 rank of Kimi K2.6 per layer, generated weights),
-then starts SGLang once per launch (:data:`.live.LAUNCHES`): ``KDTREE_VERIFY=typo`` must stop the
+one failure naming every package the bundle lacks), then writes the model (:mod:`.model`: one
+TP8 rank of Kimi K2.6 per layer, generated weights), then starts SGLang once per launch (:data:`.live.LAUNCHES`): ``KDTREE_VERIFY=typo`` must stop the
 launch with the plugin's message; kernel off and on, eager and with CUDA graphs, serve greedy
 outputs that :mod:`.compare` holds to a bf16 tolerance, the speculative figures, a streamed
 request, eight concurrent ones, decode speed at 23k-91k tokens for one and eight requests, and
