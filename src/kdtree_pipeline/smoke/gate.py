@@ -5,16 +5,17 @@
 On a GPU host with the live bundle (``tools/live_site.py`` makes ``.live/live.tar.xz``), the
 gate first checks that the server's Python imports what a server start imports (:mod:`.imports`:
 one failure naming every package the bundle lacks), then writes the model (:mod:`.model`: one
-TP8 rank of Kimi K2.6 per layer, generated weights), then starts SGLang once per launch (:data:`.live.LAUNCHES`): ``KDTREE_VERIFY=typo`` must stop the
-launch with the plugin's message; kernel off and on, eager and with CUDA graphs, serve greedy
-outputs that :mod:`.compare` holds to a bf16 tolerance, the speculative figures, a streamed
-request, eight concurrent ones, decode speed at 23k-91k tokens for one and eight requests, and
-(kernel on, eager) a prompt over the context length and a client that drops its stream; with
-the library missing the server serves on SGLang's path and logs the plugin's ``off`` line.
-After every stop no process and no GPU memory of the server is left.
+TP8 rank of Kimi K2.6 per layer, generated weights), then starts SGLang once per launch
+(:data:`.live.LAUNCHES`): ``KDTREE_VERIFY=typo`` must stop the launch with the plugin's message;
+kernel off and on, eager and with CUDA graphs, serve greedy outputs that :mod:`.compare` holds
+to a bf16 tolerance, the speculative figures, a streamed request, eight concurrent ones, decode
+speed at 23k-91k tokens for one and eight requests, and (kernel on, eager) a prompt over the
+context length and a client that drops its stream; with the library missing the server serves on
+SGLang's path and logs the plugin's ``off`` line. After every stop no process and no GPU memory
+of the server is left.
 
 A run cut short resumes: each launch's result is kept in ``--out`` and the same command goes on
-with the launches not done on this code (exit 3 until all are). Then one evidence record
+with the launches not done on this code, bundle and GPU (exit 3 until all are). Then one evidence record
 (``smoke.json``) with the live table; exit 0 on pass, 1 on a failed check, 2 on bad usage.
 """
 
