@@ -138,6 +138,44 @@ def test_ragged_cases_held_to_every_per_shape_target_and_left_out_of_the_long_co
     assert fm.status == "fail" and fm.worst_case == RAGGED[1].name and fm.measured == pytest.approx(1.3)
 
 
+def test_a_reported_target_is_shown_missed_and_decides_nothing():
+    """sm120_extend_50x is reported, not gated: a 32x emulation at N 64 is listed as missed
+    with its reason and figure, the gate passes on the gated targets, and a gated target's miss
+    (sm120_hopper at 2.6x, on the same long-context shapes) still fails it."""
+    from kdtree_pipeline.bench.gate import headline
+
+    lc = SUITES["long-context"]
+    assert "sm120_extend_50x" in lc.targets and "sm120_hopper" in lc.targets
+    assert SPECS["sm120_extend_50x"].reported and all(SPECS[n].reported is None for n in lc.targets
+                                                       if n != "sm120_extend_50x")
+    cases = list(lc.cases)
+    t = good(cases)
+    for c in cases:
+        t[(c.name, "ours-sm120", "tree")] = t[(c.name, "ours-sm120", "chain")] = 20.0 * 1.9
+        if c.n == 64:
+            t[(c.name, "sglang-extend", "tree")] = 20.0 * 1.9 * 32  # 32x the emulation, 61x ours
+    ts = evaluate(lc.targets, cases, table(t), {c.name: 10.0 for c in cases}, H200)
+    rep = by_name(ts)["sm120_extend_50x"]
+    assert rep.status == "fail" and not rep.gated and rep.measured == pytest.approx(32.0)
+    assert rep.summary().startswith("sm120_extend_50x: missed (worst 32x")
+    assert "reported, not gated: " in rep.summary() and "sm_120 GPU" in rep.summary()
+    assert by_name(ts)["extend_50x"].status == "pass" and by_name(ts)["sm120_hopper"].status == "pass"
+    assert gate_passes(ts)
+    ok, why = verdict(lc, ("ours", "ours-sm120"), [], ts, [], H200)
+    assert ok and why is None
+    head = headline(lc, {"targets": ts, "results": [], "gpu": H200})
+    assert head.startswith(f"{len(lc.targets) - 1}/{len(lc.targets) - 1} targets met")
+    assert "reported, not gated: sm120_extend_50x 32x (missed)" in head
+    # a gated emulation target on the same shapes still decides
+    for c in cases:
+        if c.n == 64:
+            t[(c.name, "ours-sm120", "tree")] = 20.0 * 2.6
+    ts = evaluate(lc.targets, cases, table(t), {c.name: 10.0 for c in cases}, H200)
+    assert by_name(ts)["sm120_hopper"].status == "fail" and not gate_passes(ts)
+    ok, why = verdict(lc, ("ours", "ours-sm120"), [], ts, [], H200)
+    assert not ok and "sm120_hopper: FAIL" in why and "sm120_extend_50x" not in why
+
+
 def test_ragged_fragmentation_is_taken_against_the_same_lengths():
     lens = (300, 10, 10)
     uni = Case(3, 4, 2, 300, layout="contiguous", masks=("tree",))
