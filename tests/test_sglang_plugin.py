@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -107,6 +110,44 @@ def test_load_plugins_with_off_or_unset_registers_nothing(clean, fake_library, m
     assert plugin.TARGET not in HookRegistry._hooks
     assert plugin.status()["enabled"] is False
     assert "kdtree verify: off: KDTREE_VERIFY" in caplog.text
+
+
+LOAD_BEFORE_LOGGING = """
+import logging, sys
+from types import SimpleNamespace
+from kdtree_pipeline.testing import standins
+standins.install_torchvision_standin()
+from kdtree_engine.sglang import fallback, plugin
+fallback.library_status = lambda: (True, "", SimpleNamespace(path="/fake/lib.so", archs="sm_90a"))
+from sglang.srt.plugins import load_plugins
+load_plugins()  # as launch_server and each scheduler process do: before SGLang configures logging
+print("after load:", plugin.logger.handlers, plugin.logger.level)
+logging.basicConfig(level=logging.INFO, format="[configured] %(message)s", force=True)
+plugin.logger.info("kdtree verify: a later line")
+"""
+
+
+@pytest.mark.parametrize(("value", "line"), [
+    ("on", "kdtree verify [pid {pid}]: hook registered on TritonAttnBackend.forward_extend (KDTREE_VERIFY=on"),
+    ("off", "kdtree verify: off: KDTREE_VERIFY=off"),
+])
+def test_load_lines_reach_the_log_before_sglang_configures_logging(tmp_path, value, line):
+    """SGLang loads plugins before its configure_logger (root logger: no handler, WARNING), so
+    an INFO line of load() would be dropped and the server's log would not say what the plugin
+    decided. Through SGLang's own load_plugins in a fresh process: the decision line is on
+    stderr once, the plugin's logger is left as it was, and a later line goes through the
+    configured root handler only (not printed twice)."""
+    env = {**os.environ, plugin.ENV: value}
+    env.pop("SGLANG_PLUGINS", None)
+    p = subprocess.run([sys.executable, "-c", LOAD_BEFORE_LOGGING], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    pid_free = re.sub(r"\[pid \d+\]", "[pid {pid}]", p.stderr)
+    assert pid_free.count(line) == 1, p.stderr[-2000:]
+    assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] kdtree verify", p.stderr, re.M)
+    assert "after load: [] 0" in p.stdout
+    assert p.stderr.count("kdtree verify: a later line") == 1
+    assert "[configured] kdtree verify: a later line" in p.stderr
 
 
 def test_invalid_value_is_an_error_at_plugin_load(clean, fake_library, monkeypatch):

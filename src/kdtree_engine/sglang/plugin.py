@@ -34,14 +34,16 @@ in :func:`status`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import logging
 import os
+import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -276,8 +278,41 @@ def _off(reason: str) -> None:
     logger.error("kdtree verify [%s]: off: %s", _rank_label(), reason)
 
 
+@contextlib.contextmanager
+def _load_time_logging() -> Iterator[None]:
+    """Make load()'s lines reach the server's log.
+
+    SGLang calls ``load_plugins()`` before it configures logging, both in ``launch_server``
+    and at the top of each scheduler process. At that point the root logger has no handler
+    and sits at WARNING, so an INFO line from load() is dropped. That would lose the "hook
+    registered" and "off" lines, the ones that say what the plugin decided. While the root
+    logger has no handler, the plugin's logger gets a stderr handler and INFO for the length
+    of load(). Afterwards its lines go through whatever SGLang set up, and no line is
+    printed twice.
+    """
+    if logging.getLogger().handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def load() -> None:
     """Entry point SGLang's ``load_plugins()`` calls in every process."""
+    with _load_time_logging():
+        _load()
+
+
+def _load() -> None:
     try:
         on = read_switch()
     except KdtreeConfigError as e:

@@ -369,8 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("kdtree verify [pid 1]: hook registered on TritonAttnBackend.forward_extend (KDTREE_VERIFY=on; "
                   "library /x.so, built for sm_90a)", flush=True)
-    elif verify == "off":
-        print("kdtree verify: off: KDTREE_VERIFY=off", flush=True)
+    elif verify == "off":  # the plugin's own load(), before any logging is configured, as SGLang calls it
+        from kdtree_engine.sglang import plugin
+
+        plugin.load()
     if a.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.spawn_child:
