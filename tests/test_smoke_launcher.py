@@ -77,6 +77,35 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path):
     assert log_tail(tmp_path / "log") == "up"
 
 
+LEADER_EXITS_FIRST = (
+    "import ctypes, threading, time\n"
+    "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+    "ctypes.CDLL(None).pthread_exit(None)  # the main thread ends, the other one runs on\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_zombie_leader_with_a_running_thread_is_still_a_live_member():
+    """A server whose main thread has ended while other threads still run (and hold its port
+    and GPU memory) shows its leader as a zombie: it is still a member, and only after the kill
+    is the group empty."""
+    p = subprocess.Popen([sys.executable, "-c", LEADER_EXITS_FIRST], start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            stat = Path(f"/proc/{p.pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2] == "Z":
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the leader never became a zombie")
+        assert group_members(p.pid) == [p.pid]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    assert group_members(p.pid) == []
+
+
 def test_environment_carries_kdtree_verify(tmp_path):
     srv = ServerProcess([sys.executable, "-c", "import os; print(os.environ['KDTREE_VERIFY'])"],
                         tmp_path / "log", kdtree_verify="off").start()

@@ -51,8 +51,35 @@ def log_tail(path: Path | str, lines: int = 30) -> str:
         return ""
 
 
+def _state(stat: str) -> list[str]:
+    """The fields after ``pid (comm)`` of a ``/proc`` stat line (comm may hold spaces and parentheses)."""
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _threads_live(entry: Path) -> bool:
+    """Whether any thread of the process at ``entry`` (``/proc/<pid>``) is not a zombie.
+
+    A process whose main thread has ended shows its leader as a zombie while its other threads
+    still run and hold its sockets, GPU context and memory. A process that was signalled is
+    seen this way for a few milliseconds while its threads end. A server with many threads
+    (SGLang's scheduler, a CUDA context) can stay like this for longer.
+    """
+    try:
+        tasks = list((entry / "task").iterdir())
+    except OSError:
+        return False
+    for t in tasks:
+        try:
+            if _state((t / "stat").read_text())[0] not in ("Z", "X"):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
 def group_members(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes in process group ``pgid``.
+    """Pids of the live processes in process group ``pgid``: not zombies, and not a zombie
+    leader whose other threads still run (:func:`_threads_live`).
 
     Reads ``/proc`` where there is one, because a zombie still answers
     ``killpg(pgid, 0)``; elsewhere falls back to that probe (``[pgid]`` or ``[]``).
@@ -74,9 +101,8 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = _state(stat)  # state ppid pgrp ...
+        if len(fields) >= 3 and int(fields[2]) == pgid and (fields[0] not in ("Z", "X") or _threads_live(entry)):
             pids.append(int(entry.name))
     return pids
 
