@@ -86,8 +86,23 @@ def test_the_decode_window_counts_only_where_every_request_decodes():
     w = live.decode_window([a, b])
     assert w["window_s"] == pytest.approx(0.2) and w["tokens"] == (5 - 3) + (5 - 1)
     assert w["tokens_per_s"] == pytest.approx(30.0) and w["steps"] == 2.0 and w["step_ms"] == pytest.approx(100.0)
+    assert w["steps_from"] == "events"
     assert "no window" in live.decode_window([_stream([1.0, 1.1], [1, 2]), _stream([2.0, 2.1], [1, 2])])["error"]
     assert "streamed no tokens" in live.decode_window([SimpleNamespace(times=[], events=[])])["error"]
+
+
+def test_the_decode_window_takes_the_steps_from_sglangs_verify_count():
+    """SGLang sends one event for several queued steps: a request that made a token a step for
+    eight steps but was seen in four events decoded eight steps, as its spec_verify_ct says."""
+    a = _stream([1.0, 1.2, 1.4, 1.6, 1.8], [1, 3, 5, 7, 9])  # 4 events in the window, 2 tokens each
+    b = _stream([1.0, 1.2, 1.4, 1.6, 1.8], [1, 3, 5, 7, 9])
+    for s in (a, b):
+        s.events[-1]["meta_info"]["spec_verify_ct"] = 8  # (9 - 1) tokens after the prefill's, 1 a step
+    w = live.decode_window([a, b])
+    assert w["steps_from"] == "spec_verify_ct" and w["tokens"] == 16
+    assert w["steps"] == 8.0 and w["step_ms"] == pytest.approx(100.0) and w["accept_length"] == pytest.approx(1.0)
+    b.events[-1]["meta_info"].pop("spec_verify_ct")  # one request without the count: events for all
+    assert live.decode_window([a, b])["steps_from"] == "events"
 
 
 def _result(name, speed=None, **kw):
@@ -232,6 +247,9 @@ def test_every_server_gets_the_triton_backend_the_spec_and_its_graph_mode():
     assert "--disable-cuda-graph" in live.server_argv(live.LAUNCHES["off-eager"], Path("/m"), 1)
     env = live.server_env(live.LAUNCHES["no-library"], [Path("/a"), Path("/b")], Path("/c"))
     assert env["PYTHONPATH"] == "/a:/b" and env["KDTREE_VERIFY"] == "on" and env["KDTREE_LIB"].startswith("/nonexistent")
+    # SGLang's warmup limit (600 s unless set) is the gate's wait for the server, not shorter
+    assert env["SGLANG_WARMUP_TIMEOUT"] == "1500"
+    assert live.server_env(live.LAUNCHES["off-eager"], [], Path("/c"), 900.0)["SGLANG_WARMUP_TIMEOUT"] == "900"
 
 
 def test_prompts_are_the_same_in_every_launch_and_inside_the_vocabulary():

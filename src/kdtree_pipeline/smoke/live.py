@@ -120,8 +120,11 @@ def entry_point_dir(root: Path, out: Path) -> Path:
     return d.parent
 
 
-def server_env(launch: Launch, paths: list[Path], cache: Path) -> dict[str, str]:
+def server_env(launch: Launch, paths: list[Path], cache: Path, ready_timeout: float = 1500.0) -> dict[str, str]:
     env = {
+        # SGLang's warmup request (the first forward: a fresh host JIT-compiles its kernels with nvcc
+        # there) kills the server after 600 s by default; the gate's own wait is the limit
+        "SGLANG_WARMUP_TIMEOUT": str(int(ready_timeout)),
         "PYTHONPATH": os.pathsep.join(str(p) for p in paths),
         "KDTREE_VERIFY": launch.kdtree,
         # DeepGEMM's stand-in is importable; this keeps SGLang from reaching for its kernels
@@ -190,11 +193,25 @@ def _tokens(event: dict[str, Any]) -> int:
     return int(n) if isinstance(n, int) else len(event.get("output_ids") or [])
 
 
+def _tokens_per_step(stream: Any) -> float | None:
+    """Tokens one verify step of the request produced, from SGLang's count of its verify steps in
+    the last event (the first token comes from the prefill, not from a verify step)."""
+    meta = (stream.events[-1].get("meta_info") or {}) if stream.events else {}
+    ct, n = meta.get("spec_verify_ct"), meta.get("completion_tokens")
+    if isinstance(ct, int) and isinstance(n, int) and ct > 0 and n > 1:
+        return (n - 1) / ct
+    return None
+
+
 def decode_window(streams: list[Any]) -> dict[str, Any]:
     """Decode speed of requests streamed together: the window from the last first token (every
     request is past its prefill) to the first end (all still decoding); tokens each produced in
-    it, the verify steps of one request in it (one event a step), tokens per second and the
-    verify step's time."""
+    it, the verify steps of one request in it, tokens per second and the verify step's time.
+
+    The steps come from SGLang's own count (``spec_verify_ct``, in a request's last event): its
+    tokens in the window over its tokens per step. Counting events would undercount them,
+    because a stream sends one event for several steps when they queue up. Without that count,
+    each event counts as one step (``steps_from`` says which was used)."""
     firsts = [s.times[0] for s in streams if s.times]
     lasts = [s.times[-1] for s in streams if s.times]
     if len(firsts) != len(streams) or not streams:
@@ -203,17 +220,20 @@ def decode_window(streams: list[Any]) -> dict[str, Any]:
     if hi <= lo:
         return {"error": f"no window where all {len(streams)} requests decode (first end {hi:.3f}s before "
                          f"the last first token {lo:.3f}s)"}
-    tokens, steps = 0, []
-    for s in streams:
+    tokens, steps, per_step = 0, [], [_tokens_per_step(s) for s in streams]
+    counted = all(p is not None for p in per_step)
+    for s, p in zip(streams, per_step, strict=True):
         inside = [(t, _tokens(e)) for t, e in zip(s.times, s.events, strict=True) if lo <= t <= hi]
         if len(inside) >= 2:
-            tokens += inside[-1][1] - inside[0][1]
-            steps.append(len(inside) - 1)
+            made = inside[-1][1] - inside[0][1]
+            tokens += made
+            steps.append(made / p if counted else len(inside) - 1)
     window = hi - lo
     mean_steps = sum(steps) / len(steps) if steps else 0
     return {"window_s": round(window, 4), "tokens": tokens, "tokens_per_s": round(tokens / window, 2),
             "steps": round(mean_steps, 1), "step_ms": round(1000 * window / mean_steps, 3) if mean_steps else None,
-            "accept_length": round(tokens / len(streams) / mean_steps, 3) if mean_steps else None}
+            "accept_length": round(tokens / len(streams) / mean_steps, 3) if mean_steps else None,
+            "steps_from": "spec_verify_ct" if counted else "events"}
 
 
 def speed_run(client: SmokeClient, length: int, bs: int, timeout: float) -> dict[str, Any]:
@@ -337,7 +357,7 @@ class Run:
                               "so that the checks reach the server this launch starts")
             return r  # not saved: a port held by something else says nothing of this code; run it again
         argv = self.argv(launch, self.model_dir, self.port)
-        env = server_env(launch, self.paths, self.cache)
+        env = server_env(launch, self.paths, self.cache, self.ready_timeout)
         server = ServerProcess(argv, log, kdtree_verify=None, extra_env=env, grace_s=60.0)
         client = SmokeClient(f"http://127.0.0.1:{self.port}", timeout=self.request_timeout)
         try:
