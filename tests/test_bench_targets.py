@@ -245,6 +245,15 @@ def test_missing_peer_leaves_target_unmeasured():
     assert not gate_passes([tr])
 
 
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H100 PCIe"])
+def test_the_targets_hold_on_every_hopper_gpu(gpu):
+    """Same-run ratios: an H100's figures are held to the targets as an H200's are, and miss
+    where they miss (1.3x FlashMLA fails on either)."""
+    assert {x.status for x in evaluate(ALL, LC, table(good()), FLOORS, gpu)} == {"pass"}
+    tr = by_name(evaluate(ALL, LC, table(good(chain=18.0 * 1.3)), FLOORS, gpu))["flashmla"]
+    assert tr.status == "fail" and tr.miss
+
+
 def test_other_gpu_is_not_applicable_but_figures_are_kept():
     t = good(chain=40.0)  # would fail on the H200
     ts = evaluate(ALL, LC, table(t), FLOORS, "NVIDIA RTX PRO 6000 Blackwell")
@@ -253,7 +262,7 @@ def test_other_gpu_is_not_applicable_but_figures_are_kept():
     assert by_name(ts)["flashmla"].miss is None
     assert not gate_passes(ts)
     ok, why = verdict(SUITES["long-context"], ("ours", "flashmla"), [], ts, [], "NVIDIA RTX PRO 6000 Blackwell")
-    assert not ok and "H200" in why and "not applicable" in why
+    assert not ok and "Hopper (H100, H200)" in why and "not applicable" in why
 
 
 def test_fragmentation_penalty():

@@ -16,8 +16,8 @@ figures of this run, and the report (JSON, markdown, PNGs) goes to ``--out``
 (default ``build/bench/``) and one evidence record ``bench-<suite>.json``.
 
 The gate passes when every target of the suite is met, every figure of ours is
-correct, and the suite finished within its time budget. On a GPU other than
-the H200 the targets are not applicable: figures are recorded, the gate fails.
+correct, and the suite finished within its time budget. On a GPU other than an
+H100 or H200 (Hopper) the targets are not applicable: figures are recorded, the gate fails.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def verdict(suite: Suite, systems: tuple[str, ...], results: list[Result], targe
         reasons.append(f"{len(skipped)} figure(s) skipped: {skipped[0].error}")
     na = [t for t in targets if t.status == "n/a"]
     if na:
-        reasons.append(f"targets are set for the H200 and this GPU is {gpu}: timings recorded, "
+        reasons.append(f"targets are set for Hopper (H100, H200) and this GPU is {gpu}: timings recorded, "
                        f"{len(na)} target(s) not applicable")
     for t in targets:
         if t.gated and t.status in ("fail", "unmeasured"):
