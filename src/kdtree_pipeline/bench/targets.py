@@ -13,7 +13,7 @@ reports its worst value, the case it came from and by how much it misses:
 - ``floor_fraction``: bs=1, H=8, N=16, prefix 65536: floor / ours (tree) >= 0.40, goal 0.55;
 - ``fragmentation``: each slot layout within 10% of contiguous (ours, tree).
 
-The sm_120 emulation (system ``ours-sm120``: the RTX PRO 6000 path run on the H200), on the
+The sm_120 emulation (system ``ours-sm120``: the RTX PRO 6000 path run on a Hopper GPU), on the
 same run's figures:
 
 - ``sm120_seed``: bs=1, N=16, H=8 at prefix 23k..91k: ours-sm120 / ours (the Hopper
@@ -26,9 +26,9 @@ same run's figures:
 
 A reported target (``Spec.reported`` gives the reason) is evaluated and shown like any, met or
 missed, and does not decide the gate. ``sm120_extend_50x`` is one: the emulation runs
-sm_120's tile under sm_120's shared-memory limit on an H200 while SGLang's extend runs with
-the H200's own, so the ratio compares two GPUs' worth of resources and says nothing of an RTX
-PRO 6000, where both would run under sm_120's limits; on the H200 the tile is bound by
+sm_120's tile under sm_120's shared-memory limit on a Hopper GPU while SGLang's extend runs
+with the Hopper GPU's own, so the ratio compares two GPUs' worth of resources and says nothing of an RTX
+PRO 6000, where both would run under sm_120's limits; on an H200 the tile is bound by
 shared-memory traffic, which no schedule of it removes (docs/sm120.md). The emulation is gated
 where it is commensurable, against the Hopper kernel on the same GPU: ``sm120_seed`` and
 ``sm120_hopper`` on the long-context shapes as on the micro ones.
@@ -111,7 +111,7 @@ SPECS: dict[str, Spec] = {
     "sm120_splitkv": Spec("sm120_splitkv", "sm_120 emulation chain / SGLang split-KV chain <= 0.5", 0.5, "<=", "x"),
     "sm120_extend_50x": Spec("sm120_extend_50x", "sm_120 emulation >= 50x faster than SGLang extend at prefix >= 23k "
                              "(tree, uniform batches)", 50.0, ">=", "x",
-                             reported="the emulated tile has sm_120's shared memory, SGLang's extend the H200's; "
+                             reported="the emulated tile has sm_120's shared memory, SGLang's extend the Hopper GPU's; "
                                       "proven only on an sm_120 GPU (docs/sm120.md)"),
     "sm120_fragmentation": Spec("sm120_fragmentation", "fragmented slot ids within 10% of contiguous (sm_120 emulation, "
                                 "tree)", 0.10, "<=", "pct"),
