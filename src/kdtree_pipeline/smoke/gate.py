@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no launch when less than the slowest one so far is left of this many seconds")
     p.add_argument("--port", type=int, default=30117)
-    p.add_argument("--ready-timeout", type=float, default=1500.0, help="seconds a server may take to answer")
+    p.add_argument("--ready-timeout", type=float, default=live.READY_TIMEOUT_S, help="seconds a server may take to answer")
     return p
 
 

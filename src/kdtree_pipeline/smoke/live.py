@@ -39,6 +39,8 @@ SPEED_TOKENS = 48
 #: The mixed batch of the concurrency check (eight requests at once).
 CONCURRENT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 23000, 32768, 65536)
 CONTEXT_LENGTH = 131072
+#: Seconds a server may take to answer after its start (the gate's wait, and SGLang's warmup limit).
+READY_TIMEOUT_S = 1500.0
 #: Token ids drawn for prompts: clear of the special ids at the top of Kimi's vocabulary.
 TOKEN_RANGE = (1000, 160000)
 #: What every server gets (see docs/design.md, "Live in SGLang", for why each flag is there).
@@ -120,7 +122,7 @@ def entry_point_dir(root: Path, out: Path) -> Path:
     return d.parent
 
 
-def server_env(launch: Launch, paths: list[Path], cache: Path, ready_timeout: float = 1500.0) -> dict[str, str]:
+def server_env(launch: Launch, paths: list[Path], cache: Path, ready_timeout: float = READY_TIMEOUT_S) -> dict[str, str]:
     env = {
         # SGLang's warmup request (the first forward: a fresh host JIT-compiles its kernels with nvcc
         # there) kills the server after 600 s by default; the gate's own wait is the limit
@@ -310,7 +312,7 @@ class Run:
     """A live run: where its files go, what the servers get, and the launches done so far."""
 
     def __init__(self, out: Path, model_dir: Path, site: list[Path], *, root: Path, port: int = 30117,
-                 ready_timeout: float = 1500.0, request_timeout: float = 600.0, code: str = "",
+                 ready_timeout: float = READY_TIMEOUT_S, request_timeout: float = 600.0, code: str = "",
                  python: str = sys.executable, argv=None) -> None:
         self.out, self.model_dir, self.root, self.port = out, model_dir, root, port
         #: (launch, model_dir, port) -> the server's command line (a test puts a stand-in server here)
